@@ -1,0 +1,222 @@
+"""The `submitter` command line (click).
+
+The job flags are generated from JobSpec's fields, so a field and its flag cannot drift apart;
+every flag defaults to "not given" so a job file (`-f`) sets what the flags leave alone.
+Heavy modules (kubernetes, ray, torch) are imported inside the commands that need them only:
+`submitter --help` and `submitter render` must start fast.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+import click
+
+from submitter import __version__
+from submitter.errors import SpecError, SubmitterError, UsageError
+from submitter.spec import JobSpec, defaults, flag_name
+
+_DEFAULTS = defaults()
+
+
+# --- shared options ------------------------------------------------------------------------
+
+def spec_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    """Add `-f/--file` and one option per JobSpec field to a command."""
+    for f in reversed(dataclasses.fields(JobSpec)):
+        meta = f.metadata
+        default = _DEFAULTS[f.name]
+        shown = "" if default in (None, "", {}) else f" [default: {default}]"
+        decls = [flag_name(f.name)] + ([meta["short"]] if meta["short"] else [])
+        kind = f.type.replace("Optional[", "").rstrip("]")
+        if kind == "bool":
+            opt = click.option(f"{flag_name(f.name)}/--no-{flag_name(f.name)[2:]}", f.name,
+                               default=None, help=meta["help"] + shown)
+        elif kind == "dict":
+            opt = click.option(*decls, f.name, multiple=True, metavar=meta["metavar"],
+                               help=meta["help"])
+        else:
+            ctype = {"int": int, "float": float}.get(kind, str)
+            opt = click.option(*decls, f.name, type=ctype, default=None, metavar=meta["metavar"],
+                               help=meta["help"] + shown)
+        func = opt(func)
+    return click.option("-f", "--file", "job_file", type=click.Path(dir_okay=False),
+                        help="job file (YAML) with the same settings as the flags; flags "
+                             "override it")(func)
+
+
+def cluster_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    """`--context` and `--kubeconfig` (in a pod, the in-cluster config is used)."""
+    func = click.option("--kubeconfig", type=click.Path(dir_okay=False),
+                        help="kubeconfig file [default: $KUBECONFIG or ~/.kube/config]")(func)
+    return click.option("--context", "kube_context", help="kubeconfig context to use")(func)
+
+
+def load_job_file(path: str | None) -> dict[str, Any]:
+    if path is None:
+        return {}
+    import yaml
+
+    try:
+        text = Path(path).read_text()
+    except OSError as e:
+        raise UsageError(f"cannot read job file {path}: {e.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" (line {mark.line + 1})" if mark else ""
+        raise UsageError(f"job file {path} is not valid YAML{where}; check its syntax") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise UsageError(f"job file {path} must be a mapping of settings, e.g. 'replicas: 8'")
+    return data
+
+
+def spec_values(options: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Split command options into (job file values, flag overrides that were given)."""
+    file_values = load_job_file(options.pop("job_file", None))
+    flags: dict[str, Any] = {}
+    for f in dataclasses.fields(JobSpec):
+        value = options.pop(f.name, None)
+        if f.name == "env":
+            value = _parse_env(value) if value else None
+        if value is not None:
+            flags[f.name] = value
+    if "env" in flags and isinstance(file_values.get("env"), dict):
+        flags["env"] = {**file_values["env"], **flags["env"]}
+    return file_values, flags
+
+
+def build_spec(options: dict[str, Any]) -> JobSpec:
+    file_values, flags = spec_values(options)
+    return JobSpec.build(file_values, **flags)
+
+
+def _parse_env(pairs: tuple[str, ...]) -> dict[str, str]:
+    env = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise SpecError(f"--env {pair!r} must be KEY=VALUE")
+        env[key] = value
+    return env
+
+
+# --- the group ------------------------------------------------------------------------------
+
+class _Group(click.Group):
+    """Turns every SubmitterError into one line on stderr and its exit code: no tracebacks."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except SubmitterError as e:
+            click.echo(f"error: {e}", err=True)
+            ctx.exit(e.exit_code)
+        except KeyboardInterrupt:
+            click.echo("interrupted", err=True)
+            ctx.exit(130)
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"],
+                                           "max_content_width": 100})
+@click.version_option(__version__, prog_name="submitter")
+def main() -> None:
+    """Run GPT-2 pre-training on Kubernetes (KubeRay RayJob) or locally, with checkpoints that
+    outlive the job.
+
+    \b
+    Examples:
+      submitter submit --local                                   # the whole job, on this machine
+      submitter render --name gpt2-demo --replicas 8 --gpu-per-pod 1 > job.yaml
+      submitter submit --name gpt2-demo --replicas 8 --gpu-per-pod 1 --watch
+      submitter watch gpt2-demo
+    """
+
+
+@main.command()
+@spec_options
+@click.option("-o", "--output", default="yaml", show_default=True, metavar="yaml|json|DIR",
+              help="yaml or json to stdout, or a directory: one file per object plus a "
+                   "kustomization.yaml")
+@click.option("--helm-values", is_flag=True,
+              help="print a values file for charts/submitter instead of the objects")
+def render(output: str, helm_values: bool, **options: Any) -> None:
+    """Render the job's Kubernetes objects (RayJob, PVC, RBAC) for GitOps; no cluster needed.
+
+    \b
+    Examples:
+      submitter render --name gpt2-demo --replicas 8 --gpu-per-pod 1 > job.yaml
+      submitter render --name gpt2-demo -o manifests-out/
+      submitter render --name gpt2-demo --helm-values > values.yaml
+      helm template gpt2-demo charts/submitter -f values.yaml
+    """
+    from submitter.render import render as render_plan
+
+    spec = build_spec(options)
+    plan = render_plan(spec)  # storage policy first: nothing is written when it refuses
+    if helm_values:
+        from submitter.helm_values import helm_values as to_values
+        from submitter.plan import to_yaml
+
+        click.echo(to_yaml(to_values(spec), stream=False), nl=False)
+    elif output == "yaml":
+        click.echo(str(plan), nl=False)
+    elif output == "json":
+        click.echo(plan.to_json(), nl=False)
+    else:
+        target = Path(output)
+        if target.exists() and not target.is_dir():
+            raise UsageError(f"-o {output}: exists and is not a directory; use yaml, json or a directory")
+        written = plan.write_dir(target)
+        click.echo(f"wrote {len(written)} files to {target}/", err=True)
+
+
+@main.command()
+@spec_options
+@cluster_options
+@click.option("--local", is_flag=True,
+              help="run on an embedded local Ray (CPU workers = --replicas) instead of a cluster")
+@click.option("--dry-run", type=click.Choice(["none", "client", "server"]), default="none",
+              help="client: print the objects, change nothing; server: let the API server "
+                   "validate them without persisting")
+@click.option("--watch", "watch_after", is_flag=True, help="watch the job after submitting")
+@click.option("-o", "--output", type=click.Choice(["text", "yaml", "json"]), default="text",
+              help="output format")
+def submit(local: bool, dry_run: str, watch_after: bool, output: str, kube_context: str | None,
+           kubeconfig: str | None, **options: Any) -> None:
+    """Submit the job: apply its RayJob, PVC and RBAC to the cluster, or run it with --local.
+
+    \b
+    Examples:
+      submitter submit --local                          # offline demo on this machine
+      submitter submit --name gpt2-demo --replicas 8 --gpu-per-pod 1
+      submitter submit --name gpt2-demo --dry-run=client -o yaml
+      submitter submit -f job.yaml --watch
+    """
+    if local:
+        from submitter.local import run_local
+
+        file_values, flags = spec_values(options)
+        sys.exit(run_local(file_values, flags, output=output))
+    from submitter.cluster import submit_job
+
+    spec = build_spec(options)
+    sys.exit(submit_job(spec, dry_run=dry_run, watch=watch_after, output=output,
+                        context=kube_context, kubeconfig=kubeconfig))
+
+
+def _register_cluster_commands() -> None:
+    """watch/status/list/logs/delete/resume live in `submitter.cli_cluster`."""
+    from submitter import cli_cluster
+
+    for command in cli_cluster.COMMANDS:
+        main.add_command(command)
+
+
+_register_cluster_commands()
