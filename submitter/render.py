@@ -7,6 +7,8 @@ through `|tojson` and the result is parsed with `yaml.safe_load` at once.
 
 from __future__ import annotations
 
+import json
+import re
 from functools import lru_cache
 from typing import Any
 
@@ -119,18 +121,35 @@ def _template(name: str) -> Any:
     return _environment().get_template(f"{name}.yaml.j2")
 
 
+_NOT_PRINTABLE_ASCII = re.compile(r"[^\x20-\x7e]")
+
+
+def _yaml_escape(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}"
+
+
+def tojson(value: Any) -> str:
+    """JSON that is also safe YAML: all non-ASCII escaped, astral characters as YAML's
+    `\\UXXXXXXXX` (JSON's surrogate pairs are invalid in YAML), keys sorted."""
+    text = json.dumps(value, ensure_ascii=False, sort_keys=True)
+    return _NOT_PRINTABLE_ASCII.sub(_yaml_escape, text)
+
+
 @lru_cache(maxsize=1)
 def _environment() -> Any:
     import jinja2
 
     from manifests import TEMPLATE_DIR
 
-    return jinja2.Environment(
+    env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(TEMPLATE_DIR)),
         undefined=jinja2.StrictUndefined,
         autoescape=False,
         keep_trailing_newline=True,
     )
+    env.filters["tojson"] = tojson
+    return env
 
 
 _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)

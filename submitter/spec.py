@@ -249,6 +249,11 @@ def _scalar_str(flag: str, value: Any) -> str:
 
 
 def _check_field(name: str, value: Any) -> None:
+    for text in _strings(value):
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise SpecError(f"{flag_name(name)}: {text!r} is not valid Unicode text") from None
     check = _CHECKS.get(name)
     if check is not None and value is not None:
         problem = check(value)
@@ -367,6 +372,14 @@ _CHECKS: dict[str, Any] = {
     "active_deadline_seconds": _at_least(1),
 }
 _META = {f.name: f.metadata for f in dataclasses.fields(JobSpec)}
+
+
+def _strings(value: Any) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [s for kv in value.items() for s in kv]
+    return []
 
 
 def _copy(value: Any) -> Any:

@@ -1,0 +1,89 @@
+"""JobSpec: validation, job-file handling, and 'defaults live once'."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from submitter.errors import SpecError
+from submitter.spec import LOCAL_DEFAULTS, JobSpec, defaults, flag_name
+
+
+def test_defaults_build_a_valid_spec_with_just_a_name():
+    spec = JobSpec.build(name="gpt2-demo")
+    assert spec.replicas == defaults()["replicas"]
+    assert spec.resolved_storage_path == spec.storage_mount
+
+
+def test_local_defaults_are_valid_fields():
+    JobSpec.build(LOCAL_DEFAULTS)
+
+
+def test_flags_override_job_file_and_kebab_keys_work():
+    spec = JobSpec.build({"name": "a", "gpu-per-pod": 2, "replicas": 3}, replicas=5, name=None)
+    assert (spec.name, spec.gpu_per_pod, spec.replicas) == ("a", 2, 5)
+
+
+@pytest.mark.parametrize("values, message", [
+    ({"name": ""}, "name is required"),
+    ({"name": "Gpt2"}, "not a valid name"),
+    ({"name": "1job"}, "not a valid name"),
+    ({"name": "a" * 48}, "at most 47"),
+    ({"name": "job-"}, "not a valid name"),
+    ({"name": "j", "namespace": "Team_A"}, "namespace"),
+    ({"name": "j", "replicas": 0}, "at least 1"),
+    ({"name": "j", "replicas": "eight"}, "whole number"),
+    ({"name": "j", "replicas": 2.5}, "whole number"),
+    ({"name": "j", "replicas": True}, "whole number"),
+    ({"name": "j", "gpu_per_pod": -1}, "at least 0"),
+    ({"name": "j", "memory_per_pod": "16 GB"}, "quantity"),
+    ({"name": "j", "cpu_per_pod": "four"}, "quantity"),
+    ({"name": "j", "model": "gpt5"}, "not one of"),
+    ({"name": "j", "image_pull_policy": "Sometimes"}, "not one of"),
+    ({"name": "j", "storage_access_mode": "RWX"}, "not one of"),
+    ({"name": "j", "existing_pvc": "My PVC"}, "PVC name"),
+    ({"name": "j", "storage_class": "Fast_SSD"}, "storage class"),
+    ({"name": "j", "learning_rate": 0}, "positive"),
+    ({"name": "j", "learning_rate": "nan"}, "positive"),
+    ({"name": "j", "env": {"1X": "v"}}, "environment variable name"),
+    ({"name": "j", "env": ["A=1"]}, "mapping"),
+    ({"name": "j", "fsdp": "yes"}, "true or false"),
+    ({"name": "j", "dataset": "org/name with space"}, "shell quoting"),
+    ({"name": "j", "storage_path": "/mnt/checkpoints/$(id)"}, "shell quoting"),
+    ({"name": "j", "replica": 3}, "did you mean 'replicas'"),
+    ({"name": "j", "image": "Not An Image"}, "image"),
+])
+def test_invalid_values_are_refused_with_the_flag_named(values, message):
+    with pytest.raises(SpecError) as info:
+        JobSpec.build(values)
+    assert message in str(info.value)
+    assert "\n" not in str(info.value)
+    assert info.value.exit_code == 2
+
+
+def test_quantities_from_yaml_numbers_are_accepted():
+    spec = JobSpec.build({"name": "j", "cpu_per_pod": 8, "head_cpu": 0.5})
+    assert (spec.cpu_per_pod, spec.head_cpu) == ("8", "0.5")
+
+
+def test_worker_count_is_replicas_times_gpus_or_replicas():
+    assert JobSpec.build(name="j", replicas=8, gpu_per_pod=1).num_train_workers == 8
+    assert JobSpec.build(name="j", replicas=2, gpu_per_pod=4).num_train_workers == 8
+    assert JobSpec.build(name="j", replicas=3).num_train_workers == 3
+
+
+def test_run_name_derives_from_the_job_name_not_random():
+    assert JobSpec.build(name="gpt2-demo").run_name == "gpt2-demo"
+
+
+def test_every_field_has_help_and_a_flag():
+    for f in dataclasses.fields(JobSpec):
+        assert f.metadata["help"], f.name
+        assert flag_name(f.name).startswith("--")
+
+
+def test_spec_is_immutable():
+    spec = JobSpec.build(name="j")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        spec.replicas = 3  # type: ignore[misc]
