@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
@@ -63,6 +62,8 @@ class Plan:
     def write_dir(self, directory: str | os.PathLike[str]) -> list[Path]:
         """Write `files()` into `directory` (created if needed). Other files there are left alone;
         each file is replaced atomically so a GitOps checkout never sees half a manifest."""
+        import tempfile  # only here: it costs render's start-up ~5 ms
+
         root = Path(directory)
         root.mkdir(parents=True, exist_ok=True)
         written = []

@@ -147,9 +147,27 @@ def _environment() -> Any:
         undefined=jinja2.StrictUndefined,
         autoescape=False,
         keep_trailing_newline=True,
+        bytecode_cache=_bytecode_cache(jinja2),
     )
     env.filters["tojson"] = tojson
     return env
+
+
+def _bytecode_cache(jinja2: Any) -> Any:
+    """Compiling the templates is a third of `render`'s start-up; Jinja's own bytecode cache
+    (keyed by template source checksum, so never stale) removes it after the first run."""
+    import os
+    from pathlib import Path
+
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    directory = Path(base) / "submitter" / "jinja2"
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return None  # read-only home: compile every time, still correct
+    if not os.access(directory, os.W_OK):
+        return None
+    return jinja2.FileSystemBytecodeCache(str(directory))
 
 
 _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)

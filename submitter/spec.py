@@ -10,7 +10,6 @@ Stdlib only (a frozen dataclass, not pydantic): `submitter render` must start fa
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
@@ -201,6 +200,8 @@ def _field_name(key: str) -> str:
     name = str(key).replace("-", "_")
     valid = {f.name for f in dataclasses.fields(JobSpec)}
     if name not in valid:
+        import difflib  # only on this error path: keeps render's start-up lean
+
         close = difflib.get_close_matches(name, sorted(valid), n=1)
         hint = f"; did you mean {close[0]!r}?" if close else f"; valid keys: {', '.join(sorted(valid))}"
         raise SpecError(f"unknown job setting {key!r}{hint}")
