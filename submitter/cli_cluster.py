@@ -1,3 +1,225 @@
-"""Cluster commands: watch, status, list, logs, delete, resume (filled in by the cluster-side work)."""
+"""Cluster commands: watch, status, list, logs, delete, resume.
 
-COMMANDS: list = []
+Each takes -n/--namespace, --context and --kubeconfig (in a pod, the in-cluster config is used);
+`kubernetes` is imported only inside the command bodies, so `submitter --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any, Callable
+
+import click
+
+from submitter.cli import cluster_options
+from submitter.errors import UsageError
+from submitter.spec import defaults
+
+_NAMESPACE = defaults()["namespace"]
+
+
+def _kube(kube_context: str | None, kubeconfig: str | None) -> Any:
+    from submitter.kube import Kube
+
+    return Kube(context=kube_context, kubeconfig=kubeconfig)
+
+
+def namespace_option(func: Callable[..., Any]) -> Callable[..., Any]:
+    return click.option("-n", "--namespace", default=_NAMESPACE, show_default=True,
+                        help="Kubernetes namespace of the job")(func)
+
+
+def job_command(func: Callable[..., Any]) -> Callable[..., Any]:
+    """NAME + -n/--namespace + --context/--kubeconfig; the name is validated like submit's."""
+    func = cluster_options(namespace_option(func))
+    return click.argument("name", callback=_check_name)(func)
+
+
+def _check_name(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    from submitter.spec import JobSpec
+
+    JobSpec.build(name=value)  # raises SpecError (exit 2, one line) for an invalid name
+    return value
+
+
+def _objects_output(func: Callable[..., Any]) -> Callable[..., Any]:
+    return click.option("-o", "--output", type=click.Choice(["table", "json", "yaml"]), default="table",
+                        show_default=True, help="table, or the normalized state as json/yaml")(func)
+
+
+def _print_states(states: list, output: str, single: bool) -> None:
+    from submitter.plan import to_yaml
+    from submitter.state import COLUMNS, row, utcnow
+
+    data = [s.to_dict() for s in states]
+    if output == "json":
+        click.echo(json.dumps(data[0] if single else data, indent=2))
+    elif output == "yaml":
+        click.echo(to_yaml(data[0] if single else data, stream=False), nl=False)
+    else:
+        now = utcnow()
+        rows = [COLUMNS] + [row(s, now) for s in states]
+        widths = [max(len(r[i]) for r in rows) for i in range(len(COLUMNS))]
+        for r in rows:
+            click.echo("  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip())
+        notes = [f"{s.name}: {s.note}" for s in states if s.note]
+        for note in notes:
+            click.echo(f"note: {note}", err=True)
+
+
+@click.command()
+@job_command
+@click.option("--timeout", default=None, metavar="DURATION",
+              help="stop watching after this long (e.g. 90s, 30m, 2h) and exit 3; the job keeps running")
+@click.option("-o", "--output", type=click.Choice(["text", "json"]), default="text", show_default=True,
+              help="text (a live table in a terminal) or JSON lines")
+def watch(name: str, namespace: str, timeout: str | None, output: str, kube_context: str | None,
+          kubeconfig: str | None) -> None:
+    """Watch a job until it ends; the exit code is the outcome.
+
+    Exit codes: 0 succeeded, 1 failed or stopped, 3 --timeout elapsed. Ctrl-C stops watching
+    and leaves the job running.
+
+    \b
+    Examples:
+      submitter watch gpt2-demo
+      submitter watch gpt2-demo -n team-a --timeout 2h
+      submitter watch gpt2-demo -o json | jq 'select(.kind=="event")'
+    """
+    from submitter.cluster import outcome, job_names
+    from submitter.watch import follow, make_sink
+
+    seconds = parse_duration(timeout) if timeout else None
+    kube = _kube(kube_context, kubeconfig)
+    try:
+        final = follow(kube, namespace, name, job_names(name, namespace)["progress"],
+                       make_sink(output), timeout=seconds)
+    except KeyboardInterrupt:
+        click.echo(f"\nstopped watching; {name} keeps running (submitter delete {name} -n {namespace} "
+                   "stops it)", err=True)
+        sys.exit(130)
+    sys.exit(outcome(final))
+
+
+@click.command()
+@job_command
+@_objects_output
+def status(name: str, namespace: str, output: str, kube_context: str | None, kubeconfig: str | None) -> None:
+    """Show one job's normalized state, KubeRay's raw statuses and its training progress.
+
+    \b
+    Examples:
+      submitter status gpt2-demo
+      submitter status gpt2-demo -n team-a -o json
+    """
+    from submitter.cluster import status as job_status
+
+    _print_states([job_status(_kube(kube_context, kubeconfig), namespace, name)], output, single=True)
+
+
+@click.command(name="list")
+@namespace_option
+@cluster_options
+@click.option("-A", "--all-namespaces", is_flag=True, help="jobs of every namespace")
+@_objects_output
+def list_command(namespace: str, all_namespaces: bool, output: str, kube_context: str | None,
+                 kubeconfig: str | None) -> None:
+    """List the jobs submitter manages, one row each.
+
+    \b
+    Examples:
+      submitter list
+      submitter list -A -o json
+    """
+    from submitter.cluster import list_jobs
+
+    states = list_jobs(_kube(kube_context, kubeconfig), None if all_namespaces else namespace)
+    if not states and output == "table":
+        where = "any namespace" if all_namespaces else f"namespace {namespace}"
+        click.echo(f"no submitter jobs in {where}", err=True)
+        return
+    _print_states(states, output, single=False)
+
+
+@click.command()
+@job_command
+@click.option("-f", "--follow", is_flag=True, help="keep streaming new output until the driver exits")
+def logs(name: str, namespace: str, follow: bool, kube_context: str | None, kubeconfig: str | None) -> None:
+    """Print the driver output: the log of the submitter Job's pod KubeRay runs (K8sJobMode).
+
+    \b
+    Examples:
+      submitter logs gpt2-demo
+      submitter logs gpt2-demo -f | grep SUBMITTER_EVENT
+    """
+    from submitter.cluster import logs as job_logs
+
+    try:
+        job_logs(_kube(kube_context, kubeconfig), namespace, name, follow=follow, out=sys.stdout)
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
+@click.command()
+@job_command
+@click.option("--delete-pvc", metavar="PVC",
+              help="also delete this checkpoint PVC (must be the one submitter created for the job); "
+                   "without it the PVC and its checkpoints are always kept")
+def delete(name: str, namespace: str, delete_pvc: str | None, kube_context: str | None,
+           kubeconfig: str | None) -> None:
+    """Delete a job: its RayJob (with the Ray cluster), RBAC objects and progress ConfigMap.
+
+    The checkpoint PVC is kept unless you name it with --delete-pvc.
+
+    \b
+    Examples:
+      submitter delete gpt2-demo
+      submitter delete gpt2-demo --delete-pvc gpt2-demo-checkpoints
+    """
+    from submitter.cluster import delete_job
+
+    delete_job(_kube(kube_context, kubeconfig), namespace, name, delete_pvc=delete_pvc, out=sys.stdout)
+
+
+@click.command()
+@job_command
+@click.option("--watch", "watch_after", is_flag=True, help="watch the new attempt")
+def resume(name: str, namespace: str, watch_after: bool, kube_context: str | None,
+           kubeconfig: str | None) -> None:
+    """Start a new attempt of a FAILED or STOPPED job; training continues from its last checkpoint.
+
+    The finished RayJob is replaced by one with the same name, spec, run name and storage; the
+    PVC and the progress ConfigMap are left alone.
+
+    \b
+    Examples:
+      submitter resume gpt2-demo
+      submitter resume gpt2-demo -n team-a --watch
+    """
+    from submitter.cluster import outcome, job_names, resume_job
+
+    kube = _kube(kube_context, kubeconfig)
+    resume_job(kube, namespace, name, out=sys.stdout)
+    if watch_after:
+        from submitter.watch import follow, make_sink
+
+        sys.exit(outcome(follow(kube, namespace, name, job_names(name, namespace)["progress"],
+                                make_sink("text"))))
+
+
+def parse_duration(text: str) -> float:
+    """90 / 90s / 30m / 2h / 1h30m -> seconds; anything else is a usage error."""
+    import re
+
+    match = re.fullmatch(r"(?:(\d+)h)?(?:(\d+)m)?(?:(\d+(?:\.\d+)?)s?)?", text.strip())
+    if not text.strip() or not match or not any(match.groups()):
+        raise UsageError(f"--timeout {text!r} is not a duration; use e.g. 90s, 30m, 2h or 1h30m")
+    h, m, s = match.groups()
+    seconds = int(h or 0) * 3600 + int(m or 0) * 60 + float(s or 0)
+    if seconds <= 0:
+        raise UsageError(f"--timeout {text!r} must be positive")
+    return seconds
+
+
+COMMANDS: list = [watch, status, list_command, logs, delete, resume]

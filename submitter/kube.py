@@ -1,0 +1,338 @@
+"""The one module that talks to the Kubernetes API, and the only one that imports `kubernetes`.
+
+Why a thin generic layer over `ApiClient` instead of the typed `CoreV1Api`/`CustomObjectsApi`
+methods: we handle six kinds the same way (server-side apply, get, delete, watch), and the typed
+patch methods return `None` when an apply creates the object (201 is not in their response
+map). The official client still does the work that matters: kubeconfig/in-cluster loading,
+auth, TLS, URL building, and retries.
+
+Retries: transient failures (429, 5xx, connection resets) of idempotent requests are retried
+by urllib3's `Retry` on the client's pool manager (`Configuration.retries`, set once here), with
+exponential backoff and `Retry-After` honoured. Idempotent means GET/DELETE and our PATCHes:
+server-side apply and JSON merge patches give the same result when sent twice. POST is never
+retried. Every other `ApiException` becomes one of the project's errors, `raise ... from e`.
+
+`kubernetes` is imported inside functions only: `submitter --help` must not pay for it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from typing import Any, Iterator
+from urllib.parse import quote
+
+from submitter.errors import (
+    ApiUnavailable, ClusterError, Conflict, CrdMissing, Forbidden, NotFound, UsageError,
+)
+
+FIELD_MANAGER = "submitter"
+RETRY_STATUSES = (429, 500, 502, 503, 504)
+#: Methods urllib3 may resend. PATCH is listed because we only send apply and merge patches.
+RETRY_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "DELETE", "PUT", "PATCH"})
+#: Watches end server-side after this long (the client then reconnects from its resourceVersion).
+WATCH_SECONDS = 300
+KUBERAY_INSTALL = ("install the KubeRay operator first: helm repo add kuberay "
+                   "https://ray-project.github.io/kuberay-helm/ && helm install kuberay-operator "
+                   "kuberay/kuberay-operator --version 1.7.0")
+
+
+@dataclass(frozen=True)
+class Kind:
+    group: str
+    version: str
+    plural: str
+    namespaced: bool = True
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+    @property
+    def resource(self) -> str:
+        """How RBAC names it: `rayjobs.ray.io`, `configmaps`."""
+        return f"{self.plural}.{self.group}" if self.group else self.plural
+
+    def path(self, namespace: str | None = None, name: str | None = None, sub: str | None = None) -> str:
+        root = f"/apis/{self.group}/{self.version}" if self.group else f"/api/{self.version}"
+        parts = [root]
+        if self.namespaced and namespace is not None:
+            parts.append(f"namespaces/{quote(namespace, safe='')}")
+        parts.append(self.plural)
+        if name is not None:
+            parts.append(quote(name, safe=""))
+        if sub is not None:
+            parts.append(sub)
+        return "/".join(parts)
+
+
+KINDS: dict[str, Kind] = {
+    "RayJob": Kind("ray.io", "v1", "rayjobs"),
+    "ConfigMap": Kind("", "v1", "configmaps"),
+    "PersistentVolumeClaim": Kind("", "v1", "persistentvolumeclaims"),
+    "ServiceAccount": Kind("", "v1", "serviceaccounts"),
+    "Role": Kind("rbac.authorization.k8s.io", "v1", "roles"),
+    "RoleBinding": Kind("rbac.authorization.k8s.io", "v1", "rolebindings"),
+    "Pod": Kind("", "v1", "pods"),
+    "Namespace": Kind("", "v1", "namespaces", namespaced=False),
+}
+
+
+class Expired(ClusterError):
+    """HTTP 410 Gone: the resourceVersion a watch started from is too old; relist."""
+
+
+class StreamDropped(ClusterError):
+    """A watch or log stream ended without a clean close (connection reset, proxy timeout)."""
+
+
+def retry_policy() -> Any:
+    """The urllib3 retry policy for the client's pool manager (tunable by environment for tests)."""
+    from urllib3.util.retry import Retry
+
+    return Retry(total=int(os.environ.get("SUBMITTER_API_RETRIES", "5")), other=0,
+                 backoff_factor=float(os.environ.get("SUBMITTER_API_BACKOFF", "0.5")), backoff_max=10,
+                 status_forcelist=RETRY_STATUSES, allowed_methods=RETRY_METHODS,
+                 respect_retry_after_header=True, raise_on_status=False)
+
+
+class Kube:
+    """A lazily built API client plus the handful of operations the project needs."""
+
+    def __init__(self, *, context: str | None = None, kubeconfig: str | None = None,
+                 api_client: Any = None) -> None:
+        self._context, self._kubeconfig, self._api = context, kubeconfig, api_client
+
+    # --- the client --------------------------------------------------------------------------
+    @property
+    def api(self) -> Any:
+        if self._api is None:
+            self._api = self._build()
+        return self._api
+
+    def _build(self) -> Any:
+        from kubernetes import client, config
+        from kubernetes.config.config_exception import ConfigException
+
+        configuration = client.Configuration()
+        path = self._kubeconfig or os.environ.get("KUBECONFIG", "").split(os.pathsep)[0] or \
+            os.path.expanduser("~/.kube/config")
+        try:
+            if self._kubeconfig or self._context or os.path.exists(path) or \
+                    "KUBERNETES_SERVICE_HOST" not in os.environ:
+                config.load_kube_config(config_file=path, context=self._context,
+                                        client_configuration=configuration, persist_config=False)
+            else:
+                config.load_incluster_config(client_configuration=configuration)
+        except (ConfigException, OSError, TypeError, ValueError) as e:
+            where = f"--kubeconfig {path}" if self._kubeconfig else f"kubeconfig {path}"
+            ctx = f" (context {self._context!r})" if self._context else ""
+            raise UsageError(f"cannot load {where}{ctx}: {str(e).splitlines()[0]}; pass "
+                             "--kubeconfig/--context, or run inside a pod") from e
+        configuration.retries = retry_policy()
+        return client.ApiClient(configuration)
+
+    @property
+    def host(self) -> str:
+        return self.api.configuration.host
+
+    # --- one request ---------------------------------------------------------------------------
+    def request(self, method: str, path: str, *, query: dict[str, Any] | None = None,
+                body: Any = None, content_type: str | None = None, stream: bool = False,
+                timeout: Any = (10, 60), what: tuple[str, Kind | None, str | None, str | None] | None = None) -> Any:
+        """Send one request; return the decoded JSON (or the raw response when `stream`).
+
+        `what` = (verb, kind, namespace, name) makes error messages precise."""
+        import urllib3
+        from kubernetes.client.exceptions import ApiException
+
+        headers = {"Accept": "application/json"}
+        if content_type:
+            headers["Content-Type"] = content_type
+        params = [(k, v) for k, v in (query or {}).items() if v is not None]
+        try:
+            _, url, headers, body, _ = self.api.param_serialize(
+                method, path, query_params=params, header_params=headers, body=body,
+                auth_settings=["BearerToken"])
+            response = self.api.call_api(method, url, header_params=headers, body=body,
+                                         _request_timeout=timeout)
+            if not 200 <= response.status <= 299:
+                raise ApiException(http_resp=response.response if stream else _read(response))
+            if stream:
+                return response.response
+            data = response.read()
+            return json.loads(data) if data else None
+        except ApiException as e:
+            raise translate(e, what or (method.lower(), None, None, None), self.host) from e
+        except (urllib3.exceptions.HTTPError, OSError) as e:
+            raise ApiUnavailable(f"cannot reach the Kubernetes API at {self.host}: "
+                                 f"{_reason(e)}; check the cluster and your kubeconfig") from e
+
+    # --- operations ------------------------------------------------------------------------------
+    def get(self, kind: str, namespace: str | None, name: str) -> dict:
+        k = KINDS[kind]
+        return self.request("GET", k.path(namespace, name), what=("get", k, namespace, name))
+
+    def find(self, kind: str, namespace: str | None, name: str) -> dict | None:
+        """get, or None when the object does not exist."""
+        try:
+            return self.get(kind, namespace, name)
+        except NotFound:
+            return None
+
+    def list(self, kind: str, namespace: str | None, *, labels: dict[str, str] | None = None) -> dict:
+        k = KINDS[kind]
+        selector = ",".join(f"{key}={value}" for key, value in (labels or {}).items()) or None
+        return self.request("GET", k.path(namespace), query={"labelSelector": selector},
+                            what=("list", k, namespace, None))
+
+    def apply(self, obj: dict, *, dry_run: bool = False) -> tuple[dict, bool]:
+        """Server-side apply (field manager `submitter`, force). Returns (object, created)."""
+        k = KINDS[obj["kind"]]
+        meta = obj["metadata"]
+        # An apply that creates answers 201; the response tells us which happened.
+        response = self.request(
+            "PATCH", k.path(meta.get("namespace"), meta["name"]),
+            query={"fieldManager": FIELD_MANAGER, "force": "true", "dryRun": "All" if dry_run else None},
+            body=obj, content_type="application/apply-patch+yaml", stream=True,
+            what=("patch", k, meta.get("namespace"), meta["name"]))
+        created = response.status == 201
+        return json.loads(response.data), created
+
+    def delete(self, kind: str, namespace: str | None, name: str, *, uid: str | None = None,
+               propagation: str = "Background") -> bool:
+        """Delete; False when it was already gone (deleting twice is not an error)."""
+        k = KINDS[kind]
+        body: dict[str, Any] = {"apiVersion": "v1", "kind": "DeleteOptions",
+                                "propagationPolicy": propagation}
+        if uid:
+            body["preconditions"] = {"uid": uid}
+        try:
+            self.request("DELETE", k.path(namespace, name), body=body,
+                         what=("delete", k, namespace, name))
+        except NotFound:
+            return False
+        return True
+
+    def api_resources(self, group_version: str) -> list[str] | None:
+        """The resource names a group/version serves, or None when it is not served at all."""
+        try:
+            doc = self.request("GET", f"/apis/{group_version}", what=("get", None, None, group_version))
+        except NotFound:
+            return None
+        return [r.get("name") for r in doc.get("resources", [])]
+
+    def watch(self, kind: str, namespace: str | None, name: str, *,
+              resource_version: str | None) -> "WatchStream":
+        """Open a watch on one object from `resource_version` (None: start with its current state)."""
+        k = KINDS[kind]
+        response = self.request(
+            "GET", k.path(namespace),
+            query={"watch": "true", "fieldSelector": f"metadata.name={name}",
+                   "resourceVersion": resource_version, "allowWatchBookmarks": "true",
+                   "timeoutSeconds": str(WATCH_SECONDS)},
+            stream=True, timeout=(10, WATCH_SECONDS + 30), what=("watch", k, namespace, name))
+        return WatchStream(response, self.host, (kind, namespace, name))
+
+    def log_lines(self, namespace: str, pod: str, *, follow: bool) -> Iterator[str]:
+        k = KINDS["Pod"]
+        response = self.request("GET", k.path(namespace, pod, "log"),
+                                query={"follow": "true" if follow else None}, stream=True,
+                                timeout=(10, None) if follow else (10, 120),
+                                what=("get", Kind("", "v1", "pods/log"), namespace, pod))
+        from kubernetes.watch.watch import iter_resp_lines
+
+        try:
+            yield from iter_resp_lines(response)
+        finally:
+            response.release_conn()
+
+
+class WatchStream:
+    """The events of one watch request; `close()` from another thread ends the iteration."""
+
+    def __init__(self, response: Any, host: str, what: tuple[str, str | None, str]) -> None:
+        self._response, self._host, self._what = response, host, what
+
+    def __iter__(self) -> Iterator[dict]:
+        import urllib3
+        from kubernetes.watch.watch import iter_resp_lines
+
+        try:
+            for line in iter_resp_lines(self._response):
+                if not line:
+                    continue
+                event = json.loads(line)
+                if event.get("type") == "ERROR":
+                    status = event.get("object") or {}
+                    if status.get("code") == 410:
+                        raise Expired(status.get("message", "resource version too old"))
+                    raise ClusterError(f"watching {self._what[0]} {self._what[2]}: "
+                                       f"{status.get('message', status)}")
+                yield event
+        except (urllib3.exceptions.HTTPError, OSError, ValueError) as e:
+            raise StreamDropped(f"watch stream from {self._host} dropped: {_reason(e)}") from e
+        finally:
+            self._response.release_conn()
+
+    def close(self) -> None:
+        try:
+            self._response.shutdown()
+        except Exception:  # already closed
+            pass
+
+
+# --- error translation ------------------------------------------------------------------------
+
+def translate(e: Any, what: tuple[str, Kind | None, str | None, str | None], host: str) -> ClusterError:
+    """One ApiException -> one project error with a message a user can act on."""
+    verb, kind, namespace, name = what
+    status = e.status or 0
+    body = _body(e)
+    server = body.get("message") or e.reason or ""
+    resource = kind.resource if kind else "the API"
+    target = f"{kind.plural if kind else 'object'}/{name}" if name else resource
+    where = f" in namespace {namespace}" if namespace else ""
+    if status == 401:
+        return Forbidden(f"the API server at {host} rejected the credentials (401); refresh your "
+                         "kubeconfig login")
+    if status == 403:
+        return Forbidden(f"forbidden: you may not {verb} {resource}{where} ({server}); ask an "
+                         f"admin for a Role granting verb '{verb}' on '{resource}'")
+    if status == 404:
+        details = body.get("details") or {}
+        if kind is not None and kind.plural == "rayjobs" and not details.get("name"):
+            return CrdMissing(f"the RayJob CRD (rayjobs.ray.io) is not installed on {host}; {KUBERAY_INSTALL}")
+        if verb == "get" and kind is None and name == "ray.io/v1":
+            return NotFound("ray.io/v1 is not served")
+        return NotFound(f"{target} not found{where}")
+    if status == 409:
+        return Conflict(f"conflict on {target}{where}: {server}")
+    if status == 410:
+        return Expired(server or "resource version too old")
+    if status in (400, 422):
+        return ClusterError(f"the API server rejected {target}{where}: {server}")
+    if status == 429 or status >= 500 or status == 0:
+        return ApiUnavailable(f"the Kubernetes API at {host} kept failing ({status} {e.reason or ''}"
+                              f"{': ' + server if server else ''}) after retries; try again later")
+    return ClusterError(f"{verb} {target}{where} failed: {status} {server}")
+
+
+def _body(e: Any) -> dict:
+    try:
+        data = json.loads(e.body) if e.body else {}
+    except (TypeError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _read(response: Any) -> Any:
+    response.read()
+    return response
+
+
+def _reason(e: BaseException) -> str:
+    reason = getattr(e, "reason", None) or e
+    text = str(reason).strip() or type(reason).__name__
+    return text.splitlines()[0][:200]

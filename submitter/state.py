@@ -1,0 +1,177 @@
+"""One normalized job state from a RayJob's status and its progress ConfigMap. Pure functions.
+
+Why: KubeRay reports two fields that users must otherwise reconcile in their heads,
+`jobStatus` (what Ray's job manager last said: PENDING/RUNNING/STOPPED/SUCCEEDED/FAILED) and
+`jobDeploymentStatus` (what the operator did: Initializing/Running/Complete/Failed/Retrying/
+Suspended/...), and they disagree in practice: after an `activeDeadlineSeconds` expiry or a
+failed submitter Job the deployment is `Failed` while `jobStatus` still says RUNNING. The
+deployment status is the operator's final word, so it wins whenever it is terminal; `jobStatus`
+only decides between SUCCEEDED/FAILED/STOPPED once the deployment is `Complete`, and a
+terminal `jobStatus` under a non-terminal deployment is not the end yet (KubeRay may retry).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any, Callable, Mapping
+
+from training.events import CONFIGMAP_EVENTS_KEY, CONFIGMAP_STATE_KEY, ProgressState, fold, parse_lines
+
+#: The one-word states, in the order a job normally moves through them.
+STATES = ("PENDING", "STARTING", "RUNNING", "FINISHING", "RETRYING", "SUSPENDED",
+          "SUCCEEDED", "FAILED", "STOPPED", "DELETED", "UNKNOWN")
+TERMINAL = frozenset({"SUCCEEDED", "FAILED", "STOPPED", "DELETED"})
+EXIT_CODES = {"SUCCEEDED": 0}  # every other terminal state: 1
+
+_DEPLOYMENT = {
+    "": "PENDING", "New": "PENDING", "Waiting": "PENDING", "Scheduling": "PENDING",
+    "Scheduled": "PENDING", "Initializing": "STARTING", "Retrying": "RETRYING",
+    "Suspending": "SUSPENDED", "Suspended": "SUSPENDED",
+}
+
+
+def normalize(job_status: str, deployment_status: str) -> tuple[str, str | None]:
+    """(state, note). The note explains an inconsistent pair; None when the pair agrees."""
+    js, ds = job_status or "", deployment_status or ""
+    if ds in ("Failed", "ValidationFailed"):
+        note = (f"jobStatus still says {js} but KubeRay marked the deployment {ds}"
+                if js and js not in ("FAILED", "STOPPED") else None)
+        return "FAILED", note
+    if ds == "Complete":
+        if js in ("SUCCEEDED", "FAILED", "STOPPED"):
+            return js, None
+        return "FAILED", f"deployment Complete without a final jobStatus ({js or 'none'})"
+    if ds == "Running":
+        if js == "RUNNING":
+            return "RUNNING", None
+        if js in ("SUCCEEDED", "FAILED", "STOPPED"):
+            return "FINISHING", None
+        return "STARTING", None
+    if ds in _DEPLOYMENT:
+        return _DEPLOYMENT[ds], None
+    return "UNKNOWN", f"unknown jobDeploymentStatus {ds!r}"
+
+
+def progress_from_configmap(configmap: Mapping[str, Any] | None) -> ProgressState:
+    """The training progress the entrypoint wrote: `state.json`, else fold `events.jsonl`."""
+    data = (configmap or {}).get("data") or {}
+    text = data.get(CONFIGMAP_STATE_KEY)
+    if text:
+        try:
+            return ProgressState.from_dict(json.loads(text))
+        except (TypeError, ValueError):
+            pass
+    return fold(parse_lines(data.get(CONFIGMAP_EVENTS_KEY, "")))
+
+
+def configmap_events(configmap: Mapping[str, Any] | None) -> list[dict[str, Any]]:
+    """The recent training events in the ConfigMap (each has a monotonic `seq`)."""
+    return parse_lines(((configmap or {}).get("data") or {}).get(CONFIGMAP_EVENTS_KEY, ""))
+
+
+@dataclass(frozen=True)
+class JobState:
+    """What `status`, `list` and `watch` show about one job."""
+
+    name: str
+    namespace: str
+    state: str
+    job_status: str = ""
+    deployment_status: str = ""
+    reason: str = ""
+    message: str = ""
+    note: str | None = None
+    kuberay_failed: int = 0
+    created: str | None = None
+    progress: ProgressState = field(default_factory=ProgressState)
+
+    @property
+    def terminal(self) -> bool:
+        return self.state in TERMINAL
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_CODES.get(self.state, 1)
+
+    @property
+    def restarts(self) -> int:
+        """Ray Train worker-group restarts plus KubeRay attempts that failed and were retried."""
+        return self.progress.restarts + self.kuberay_failed
+
+    def to_dict(self) -> dict[str, Any]:
+        p = self.progress
+        return {"job": self.name, "namespace": self.namespace, "state": self.state,
+                "jobStatus": self.job_status, "deploymentStatus": self.deployment_status,
+                "reason": self.reason, "message": self.message, "note": self.note,
+                "epoch": p.epoch, "step": p.step, "loss": p.loss, "tokensPerSec": p.tokens_per_sec,
+                "lastCheckpoint": p.last_checkpoint, "restarts": self.restarts,
+                "created": self.created}
+
+
+def job_state(rayjob: Mapping[str, Any] | None, configmap: Mapping[str, Any] | None, *,
+              name: str, namespace: str) -> JobState:
+    """Merge the RayJob (None: deleted) and the progress ConfigMap into one JobState."""
+    progress = progress_from_configmap(configmap)
+    if rayjob is None:
+        return JobState(name, namespace, "DELETED", progress=progress)
+    status = rayjob.get("status") or {}
+    js, ds = status.get("jobStatus", ""), status.get("jobDeploymentStatus", "")
+    state, note = normalize(js, ds)
+    return JobState(name=name, namespace=namespace, state=state, job_status=js,
+                    deployment_status=ds, reason=status.get("reason", ""),
+                    message=status.get("message", ""), note=note,
+                    kuberay_failed=int(status.get("failed") or 0),
+                    created=(rayjob.get("metadata") or {}).get("creationTimestamp"),
+                    progress=progress)
+
+
+# --- the table --------------------------------------------------------------------------------
+
+COLUMNS = ("JOB", "STATE", "JOBSTATUS", "DEPLOYMENT", "EPOCH", "STEP", "LOSS", "TOKENS/S",
+           "LAST CHECKPOINT", "RESTARTS", "AGE")
+
+
+def row(s: JobState, now: datetime) -> tuple[str, ...]:
+    p = s.progress
+    return (s.name, s.state, s.job_status or "-", s.deployment_status or "-", _int(p.epoch),
+            _int(p.step), "-" if p.loss is None else f"{p.loss:.4f}",
+            "-" if p.tokens_per_sec is None else f"{p.tokens_per_sec:,.0f}",
+            p.last_checkpoint or "-", str(s.restarts), age(s.created, now))
+
+
+def age(created: str | None, now: datetime) -> str:
+    """kubectl-style age: 45s, 12m, 3h, 5d."""
+    if not created:
+        return "-"
+    try:
+        then = datetime.fromisoformat(created.replace("Z", "+00:00"))
+    except ValueError:
+        return "-"
+    seconds = max(0, int((now - then).total_seconds()))
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size * (2 if unit != "m" else 1):
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
+
+
+def join(rayjobs: list[Mapping[str, Any]], configmaps: list[Mapping[str, Any]],
+         progress_name: Callable[[str], str]) -> list[JobState]:
+    """Pair each RayJob with its progress ConfigMap (named by `progress_name(job)`)."""
+    by_key = {((c.get("metadata") or {}).get("namespace"), (c.get("metadata") or {}).get("name")): c
+              for c in configmaps}
+    states = []
+    for rj in rayjobs:
+        meta = rj.get("metadata") or {}
+        cm = by_key.get((meta.get("namespace"), progress_name(meta.get("name", ""))))
+        states.append(job_state(rj, cm, name=meta.get("name", ""), namespace=meta.get("namespace", "")))
+    return sorted(states, key=lambda s: (s.namespace, s.name))
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def _int(value: Any) -> str:
+    return "-" if value is None else str(value)
