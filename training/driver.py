@@ -1,0 +1,245 @@
+"""The driver: storage check -> data -> TorchTrainer.fit() -> run_finished / run_failed.
+
+Runs where `python -m training` runs (the RayJob's driver on the head pod) or inside
+`submitter submit --local`. It owns the run's emitter actor (events with a monotonic seq) and
+polls it to show the events live (`on_event`), while Ray Train restarts worker groups beneath.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+from urllib.parse import urlsplit
+
+from training import events as ev
+from training.config import TrainConfig
+
+Notice = Callable[[str], None]
+OnEvent = Callable[[dict[str, Any]], None]
+#: Logical CPUs Ray Data gets on a local Ray beside the training workers (see FACTS: without
+#: them, 2 workers on 2 CPUs hang).
+DATA_CPUS = 2
+_ENV_KEYS = ("SUBMITTER_PROGRESS_CONFIGMAP", "SUBMITTER_NAMESPACE")
+
+
+@dataclass
+class RunOutcome:
+    ok: bool
+    state: ev.ProgressState
+    events: list[dict[str, Any]] = field(default_factory=list)
+    run_dir: str = ""
+    error: Optional[str] = None
+
+
+def run_dir_of(cfg: TrainConfig) -> Optional[str]:
+    """`<storage_path>/<run_name>` when it is a filesystem path (events.jsonl lives there)."""
+    scheme = urlsplit(cfg.storage_path).scheme if "://" in cfg.storage_path else ""
+    if scheme and scheme != "file":
+        return None
+    base = urlsplit(cfg.storage_path).path if scheme == "file" else cfg.storage_path
+    return os.path.join(base, cfg.run_name)
+
+
+def local_num_cpus(cfg: TrainConfig) -> int:
+    """Logical CPUs for an embedded Ray: the workers' share plus room for Ray Data."""
+    return max(os.cpu_count() or 1, math.ceil(cfg.num_workers * cfg.cpus_per_worker) + DATA_CPUS)
+
+
+def quiet_logs() -> None:
+    """Silence what FACTS lists as noise (Ray Data progress bars, controller chatter)."""
+    os.environ.setdefault("RAY_DATA_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    for name in ("ray.data", "ray.train", "ray.train.v2", "ray.tune", "transformers"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
+def ensure_ray(cfg: TrainConfig, **init_kwargs: Any) -> None:
+    """Connect to the cluster (RAY_ADDRESS, as in a RayJob) or start a local Ray."""
+    import ray
+
+    if ray.is_initialized():
+        return
+    if not os.environ.get("RAY_ADDRESS"):
+        init_kwargs.setdefault("num_cpus", local_num_cpus(cfg))
+    ray.init(**init_kwargs)
+
+
+def run(cfg: TrainConfig, *, on_event: OnEvent, notice: Notice = print,
+        poll_seconds: float = 0.5) -> RunOutcome:
+    """Train; every event goes to the sinks and to `on_event`. Never raises for a training
+    failure (the outcome says it); raises StoragePolicyError before anything starts."""
+    from training.mounts import check_storage_here
+
+    notice(check_storage_here(cfg.storage_path, cfg.allow_ephemeral_storage))
+    quiet_logs()
+    ensure_ray(cfg)
+    import ray
+
+    hub = _start_hub(cfg)
+    poller = _Poller(hub, on_event, poll_seconds)
+    try:
+        trainer, facts = _prepare(cfg, hub, notice)
+        ray.get(hub.emit.remote("run_started", run_name=cfg.run_name, num_workers=cfg.num_workers,
+                                storage_path=cfg.storage_path, **facts))
+        poller.start()
+        result = trainer.fit()
+        final = _final_fields(cfg, result)
+        ray.get(hub.emit.remote("run_finished", **final))
+        ok, error = True, None
+    except Exception as e:  # noqa: BLE001 - training failures become run_failed
+        error = _one_line(e)
+        ray.get(hub.emit.remote("run_failed", error=error))
+        ok = False
+    finally:
+        poller.stop()
+        state = ev.ProgressState.from_dict(ray.get(hub.snapshot.remote()))
+        session = ray.get(hub.since.remote(0))
+        ray.kill(hub)
+    return RunOutcome(ok, state, session, run_dir_of(cfg) or cfg.storage_path, error)
+
+
+def _start_hub(cfg: TrainConfig) -> Any:
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    from training.emitter import RunEmitter
+
+    env = {k: os.environ[k] for k in _ENV_KEYS if os.environ.get(k)}
+    here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
+    actor = ray.remote(RunEmitter).options(num_cpus=0, scheduling_strategy=here,
+                                           max_concurrency=1)
+    return actor.remote(run_dir_of(cfg), env)
+
+
+def _prepare(cfg: TrainConfig, hub: Any, notice: Notice) -> tuple[Any, dict[str, Any]]:
+    """Tokenizer, data, model size and the TorchTrainer; returns it and facts for run_started."""
+    import ray
+    import ray.train
+    from ray.data import DataContext
+    from ray.train.torch import TorchTrainer
+
+    from training.data import load_corpus, token_datasets
+    from training.loop import train_func
+    from training.model import PRESETS
+    from training.tokens import get_encoding, resolve_tokenizer
+
+    ctx = DataContext.get_current()
+    ctx.enable_progress_bars = False
+    ctx.execution_options.preserve_order = True  # same data order on every (re)start
+    tok_spec, tok_line = resolve_tokenizer(cfg.tokenizer, cfg.bpe_file)
+    notice(tok_line)
+    encoding = get_encoding(tok_spec)
+    corpus = load_corpus(cfg.dataset, cfg.dataset_config, cfg.data, cfg.data_format,
+                         cfg.text_column)
+    notice(corpus.description)
+    block = cfg.block_size or PRESETS[cfg.model].block_size
+    train_ds, val_ds = token_datasets(corpus, tok_spec, block, cfg.val_percent)
+    if cfg.max_steps_per_epoch:
+        steps_per_epoch = cfg.max_steps_per_epoch
+    else:
+        notice("counting training blocks (no --max-steps-per-epoch) ...")
+        steps_per_epoch = max(1, train_ds.count() // (cfg.batch_size_per_worker * cfg.num_workers))
+    total = steps_per_epoch * cfg.epochs
+    warmup = cfg.warmup_steps if cfg.warmup_steps is not None else max(1, total // 20)
+    params = _count_params(cfg.model, encoding.n_vocab, encoding.eot_token, cfg.block_size)
+    notice(f"model: {cfg.model}, {params / 1e6:.2f}M parameters, block {block}, "
+           f"{cfg.num_workers} worker(s) x batch {cfg.batch_size_per_worker}, "
+           f"{cfg.epochs} epoch(s) x {steps_per_epoch} steps")
+    resources = {"CPU": cfg.cpus_per_worker, **({"GPU": 1} if cfg.use_gpu else {})}
+    trainer = TorchTrainer(
+        train_func,
+        train_loop_config={"config": cfg.to_dict(), "hub": hub, "total_steps": total,
+                           "warmup_steps": warmup, "vocab_size": encoding.n_vocab,
+                           "eot_id": encoding.eot_token},
+        scaling_config=ray.train.ScalingConfig(num_workers=cfg.num_workers, use_gpu=cfg.use_gpu,
+                                               resources_per_worker=resources),
+        run_config=ray.train.RunConfig(
+            name=cfg.run_name, storage_path=cfg.storage_path,
+            checkpoint_config=ray.train.CheckpointConfig(
+                num_to_keep=cfg.num_to_keep, checkpoint_score_attribute="val_loss",
+                checkpoint_score_order="min"),
+            failure_config=ray.train.FailureConfig(max_failures=cfg.max_failures)),
+        datasets={"train": train_ds, "val": val_ds},
+    )
+    facts = {"model": cfg.model, "params": params, "tokenizer": tok_spec.describe(),
+             "data": corpus.description.removeprefix("data: "), "epochs": cfg.epochs,
+             "steps_per_epoch": steps_per_epoch, "block_size": block,
+             "batch_size_per_worker": cfg.batch_size_per_worker}
+    return trainer, facts
+
+
+def _count_params(model: str, vocab: int, eot: int, block: Optional[int]) -> int:
+    import torch
+
+    from training.model import build_model, count_parameters, gpt2_config
+
+    with torch.device("meta"):
+        return count_parameters(build_model(gpt2_config(model, vocab, eot, block)))
+
+
+def _final_fields(cfg: TrainConfig, result: Any) -> dict[str, Any]:
+    """run_finished: the final metrics and where the checkpoints are."""
+    metrics = {k: v for k, v in (result.metrics or {}).items()
+               if k in ("epoch", "step", "train_loss", "val_loss", "tokens_per_sec")}
+    best = result.best_checkpoints or []
+    out: dict[str, Any] = dict(metrics)
+    out["checkpoint_dir"] = run_dir_of(cfg) or f"{cfg.storage_path}/{cfg.run_name}"
+    out["latest_checkpoint"] = result.checkpoint.path if result.checkpoint else None
+    if best:
+        ranked = sorted(best, key=lambda cm: _score(cm[1]))
+        out["best_checkpoint"] = ranked[0][0].path
+    return out
+
+
+def _score(metrics: dict[str, Any]) -> float:
+    v = metrics.get("val_loss")
+    return v if isinstance(v, (int, float)) else float("inf")
+
+
+def _one_line(e: BaseException) -> str:
+    text = f"{type(e).__name__}: {e}".strip()
+    lines = [line for line in text.splitlines() if line.strip()]
+    return (lines[0] if lines else type(e).__name__)[:500]
+
+
+class _Poller:
+    """Feeds this session's events to `on_event` as they arrive (and drains at the end)."""
+
+    def __init__(self, hub: Any, on_event: OnEvent, every: float) -> None:
+        self.hub, self.on_event, self.every = hub, on_event, every
+        self.seen = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="events", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _drain(self) -> None:
+        import ray
+
+        for event in ray.get(self.hub.since.remote(self.seen_seq())):
+            self.seen = max(self.seen, event["seq"])
+            self.on_event(event)
+
+    def seen_seq(self) -> int:
+        return self.seen
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.every):
+            try:
+                self._drain()
+            except Exception:  # noqa: BLE001 - display only
+                pass
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
+        try:
+            self._drain()
+        except Exception:  # noqa: BLE001
+            pass

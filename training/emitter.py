@@ -1,0 +1,194 @@
+"""Status events: one emitter per run, fanning out to sinks.
+
+Who emits what:
+- the driver (`python -m training`, or `submit --local`): run_started, run_finished, run_failed;
+- the rank-0 worker: progress, epoch_finished, checkpoint_saved, and at each start of its
+  worker group `worker_group_started(...)`, from which the emitter derives
+  worker_group_restarted (2nd and later starts in one driver session: a Ray Train retry) or
+  run_resumed (1st start that found a checkpoint: a re-submitted or restarted job).
+The emitter lives in one process (a Ray actor owned by the driver), so `seq` is monotonic; it
+continues from the events already in `events.jsonl` (or the ConfigMap), across restarts.
+Stdlib only; the ConfigMap sink imports the kubernetes client lazily.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections import deque
+from typing import Any, Callable, Mapping, Optional, Protocol
+
+from training import events as ev
+
+log = logging.getLogger("training.events")
+
+
+class Sink(Protocol):
+    def write(self, event: Mapping[str, Any], state: ev.ProgressState) -> None: ...
+
+
+class StdoutSink:
+    """`SUBMITTER_EVENT {...}` lines: the driver log `submitter logs`/`watch` parse."""
+
+    def __init__(self, stream: Any = None) -> None:
+        self.stream = stream
+
+    def write(self, event: Mapping[str, Any], state: ev.ProgressState) -> None:
+        import sys
+
+        stream = self.stream or sys.stdout
+        stream.write(ev.to_stdout_line(event) + "\n")
+        stream.flush()
+
+
+class FileSink:
+    """Append-only `<storage_path>/<run_name>/events.jsonl` next to the checkpoints."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def write(self, event: Mapping[str, Any], state: ev.ProgressState) -> None:
+        os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        with open(self.path, "a", encoding="utf-8") as f:
+            f.write(ev.to_json(event) + "\n")
+
+    def read(self) -> list[dict[str, Any]]:
+        try:
+            with open(self.path, encoding="utf-8") as f:
+                return ev.parse_lines(f.read())
+        except FileNotFoundError:
+            return []
+
+
+class ConfigMapSink:
+    """Patch the job's progress ConfigMap: the folded state and the last events.
+
+    Best effort: a failure is logged (once per kind of error), never raised; training goes on.
+    """
+
+    def __init__(self, name: str, namespace: str, api: Any = None) -> None:
+        self.name, self.namespace = name, namespace
+        self._api = api
+        self._recent: deque[str] = deque(maxlen=ev.CONFIGMAP_MAX_EVENTS)
+        self._warned: set[str] = set()
+
+    def api(self) -> Any:
+        if self._api is None:
+            from kubernetes import client, config  # lazy: only in a cluster
+
+            try:
+                config.load_incluster_config()
+            except config.ConfigException:
+                config.load_kube_config()
+            self._api = client.CoreV1Api()
+        return self._api
+
+    def read(self) -> list[dict[str, Any]]:
+        """The events the ConfigMap already holds (to continue seq without a shared file)."""
+        try:
+            cm = self.api().read_namespaced_config_map(self.name, self.namespace)
+            return ev.parse_lines((cm.data or {}).get(ev.CONFIGMAP_EVENTS_KEY, ""))
+        except Exception as e:  # noqa: BLE001 - best effort
+            self._warn(e)
+            return []
+
+    def write(self, event: Mapping[str, Any], state: ev.ProgressState) -> None:
+        self._recent.append(ev.to_json(event))
+        body = {"data": {ev.CONFIGMAP_STATE_KEY: json.dumps(state.to_dict(), sort_keys=True),
+                         ev.CONFIGMAP_EVENTS_KEY: "\n".join(self._recent) + "\n"}}
+        try:
+            self.api().patch_namespaced_config_map(self.name, self.namespace, body)
+        except Exception as e:  # noqa: BLE001 - a status sink must never stop training
+            self._warn(e)
+
+    def _warn(self, e: Exception) -> None:
+        kind = type(e).__name__
+        if kind not in self._warned:
+            self._warned.add(kind)
+            log.warning("progress ConfigMap %s/%s not updated (%s: %s); training continues",
+                        self.namespace, self.name, kind, str(e).splitlines()[0][:200] if str(e) else "")
+
+
+class Emitter:
+    """Assigns seq, folds the state, writes every event to every sink (a failing sink is
+    logged and skipped), and keeps this session's events for `since()` polling."""
+
+    def __init__(self, sinks: list[Any], history: list[Mapping[str, Any]] = (),
+                 clock: Callable[[], str] = ev.now_iso) -> None:
+        self.sinks = list(sinks)
+        self.clock = clock
+        self.state = ev.fold(list(history))
+        self.seq = max((int(e.get("seq", 0)) for e in history), default=0)
+        self.session: list[dict[str, Any]] = []
+        self.starts = 0
+
+    def emit(self, etype: str, **fields: Any) -> dict[str, Any]:
+        self.seq += 1
+        event = ev.make_event(etype, time=self.clock(), seq=self.seq, **_finite(fields))
+        self.state = ev.apply(self.state, event)
+        self.session.append(event)
+        for sink in self.sinks:
+            try:
+                sink.write(event, self.state)
+            except Exception as e:  # noqa: BLE001
+                log.warning("event sink %s failed: %s", type(sink).__name__, e)
+        return event
+
+    def worker_group_started(self, resumed_from: Optional[str], epoch: int,
+                             step: int) -> Optional[dict[str, Any]]:
+        """Called by rank 0 each time a worker group starts training."""
+        self.starts += 1
+        if self.starts > 1:
+            return self.emit("worker_group_restarted", attempt=self.starts - 1,
+                             resumed_from=resumed_from, epoch=epoch, step=step)
+        if resumed_from is not None:
+            return self.emit("run_resumed", resumed_from=resumed_from, epoch=epoch, step=step)
+        return None
+
+    def since(self, seq: int) -> list[dict[str, Any]]:
+        """This session's events with a seq above `seq` (for the driver's live output)."""
+        return [e for e in self.session if e["seq"] > seq]
+
+    def snapshot(self) -> dict[str, Any]:
+        return self.state.to_dict()
+
+
+def _finite(fields: Mapping[str, Any]) -> dict[str, Any]:
+    """NaN/inf are not JSON: send null (the schema asks for it)."""
+    import math
+
+    return {k: (None if isinstance(v, float) and not math.isfinite(v) else v)
+            for k, v in fields.items()}
+
+
+class RunEmitter(Emitter):
+    """The emitter of one run, built where it lives (in the driver's Ray actor)."""
+
+    def __init__(self, run_dir: Optional[str], environ: Mapping[str, str]) -> None:
+        super().__init__(*run_sinks(run_dir, environ))
+
+
+def run_sinks(run_dir: Optional[str],
+              environ: Mapping[str, str]) -> tuple[list[Any], list[dict[str, Any]]]:
+    """The run's sinks and its event history: events.jsonl under run_dir (a filesystem
+    storage path), the ConfigMap if the environment names one; seq continues from whichever
+    holds the most history."""
+    sinks: list[Any] = []
+    history: list[dict[str, Any]] = []
+    if run_dir is not None:
+        fs = FileSink(os.path.join(run_dir, ev.EVENTS_FILE))
+        history = fs.read()
+        sinks.append(fs)
+    cm_name = environ.get("SUBMITTER_PROGRESS_CONFIGMAP")
+    if cm_name:
+        cm = ConfigMapSink(cm_name, environ.get("SUBMITTER_NAMESPACE") or "default")
+        cm_history = cm.read()
+        if _last_seq(cm_history) > _last_seq(history):
+            history = cm_history
+        sinks.append(cm)
+    return sinks, history
+
+
+def _last_seq(events: list[Mapping[str, Any]]) -> int:
+    return max((int(e.get("seq", 0)) for e in events), default=0)

@@ -1,0 +1,117 @@
+"""The storage re-check inside the container: is `storage_path` on a shared filesystem?
+
+The submitter checked the path against the plan; here, in the pod, we check what is really
+mounted there. A path on the pod's own overlay/tmpfs/ext4 disk loses every checkpoint when
+KubeRay deletes the pod, so we refuse it unless the user overrides (`--allow-ephemeral-storage`).
+Parsing is pure (tested with sample `/proc/self/mountinfo` text).
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+from dataclasses import dataclass
+from typing import Mapping, Optional
+from urllib.parse import urlsplit
+
+from submitter.errors import StoragePolicyError
+from submitter.storage import OBJECT_STORE_SCHEMES, check_local_storage
+
+#: Filesystem types that every pod of the cluster can see (network / distributed).
+SHARED_FSTYPES = frozenset({
+    "nfs", "nfs4", "cephfs", "ceph", "lustre", "gpfs", "glusterfs", "beegfs", "cifs", "smb3",
+    "smbfs", "efs", "9p", "virtiofs", "wekafs", "panfs", "orangefs", "pvfs2", "ocfs2", "gfs2",
+    "alluxio", "juicefs", "moosefs",
+})
+
+
+@dataclass(frozen=True)
+class Mount:
+    mount_point: str
+    fstype: str
+    source: str
+
+
+def _unescape(field: str) -> str:
+    """mountinfo escapes space, tab, newline and backslash as octal (\\040...)."""
+    out, i = [], 0
+    while i < len(field):
+        code = field[i + 1:i + 4]
+        if field[i] == "\\" and len(code) == 3 and code.isdigit():
+            out.append(chr(int(code, 8)))
+            i += 4
+        else:
+            out.append(field[i])
+            i += 1
+    return "".join(out)
+
+
+def parse_mountinfo(text: str) -> list[Mount]:
+    """Parse /proc/self/mountinfo; malformed lines are skipped."""
+    mounts = []
+    for line in text.splitlines():
+        parts = line.split()
+        if "-" not in parts:
+            continue
+        sep = parts.index("-")
+        if sep < 6 or len(parts) < sep + 3:
+            continue
+        mounts.append(Mount(_unescape(parts[4]), parts[sep + 1], _unescape(parts[sep + 2])))
+    return mounts
+
+
+def mount_for(path: str, mounts: list[Mount]) -> Optional[Mount]:
+    """The mount a path lives on: the longest mount point above it (the last one wins on ties,
+    as the kernel stacks later mounts on top)."""
+    path = posixpath.normpath(path)
+    best: Optional[Mount] = None
+    for m in mounts:
+        mp = m.mount_point
+        if path == mp or path.startswith(mp.rstrip("/") + "/"):
+            if best is None or len(mp) >= len(best.mount_point):
+                best = m
+    return best
+
+
+def is_shared(fstype: str) -> bool:
+    return fstype in SHARED_FSTYPES or fstype.startswith("fuse.") or fstype.startswith("nfs")
+
+
+def check_storage_in_container(path: str, mountinfo: str, *, in_kubernetes: bool,
+                               allow_ephemeral: bool = False) -> str:
+    """Return a one-line verdict for the output, or raise StoragePolicyError with the fix."""
+    scheme = urlsplit(path).scheme.lower() if "://" in path else ""
+    if scheme in OBJECT_STORE_SCHEMES:
+        return f"storage: {path} (object store)"
+    if not in_kubernetes:
+        return f"storage: {check_local_storage(path)} (local directory)"
+    local = urlsplit(path).path if scheme == "file" else path
+    if not local.startswith("/"):
+        raise StoragePolicyError(f"--storage-path {path!r} is relative; use the shared mount, "
+                                 "e.g. /mnt/checkpoints")
+    mount = mount_for(local, parse_mountinfo(mountinfo))
+    if mount is not None and is_shared(mount.fstype):
+        return f"storage: {local} on {mount.fstype} {mount.source} (shared)"
+    found = f"{mount.fstype} at {mount.mount_point}" if mount else "no mount"
+    if allow_ephemeral:
+        return (f"storage: {local} is on {found}, which is NOT shared: checkpoints die with the "
+                "pod (allowed by --allow-ephemeral-storage)")
+    raise StoragePolicyError(
+        f"--storage-path {local} is on {found}, the pod's own disk: KubeRay deletes it with the "
+        "pod and every checkpoint with it; mount a ReadWriteMany PVC (NFS, CephFS, EFS...) there, "
+        "use s3://..., or pass --allow-ephemeral-storage to train anyway")
+
+
+def check_storage_here(path: str, allow_ephemeral: bool = False,
+                       environ: Mapping[str, str] = os.environ) -> str:
+    """`check_storage_in_container` for this process (reads /proc/self/mountinfo in a pod)."""
+    in_k8s = bool(environ.get("KUBERNETES_SERVICE_HOST"))
+    text = ""
+    if in_k8s:
+        try:
+            with open("/proc/self/mountinfo") as f:
+                text = f.read()
+        except OSError:
+            text = ""
+    return check_storage_in_container(path, text, in_kubernetes=in_k8s,
+                                      allow_ephemeral=allow_ephemeral)
