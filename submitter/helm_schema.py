@@ -65,7 +65,9 @@ CONSTRAINTS: dict[str, dict[str, Any]] = {
                               "not": {"pattern": "^" + S.RESERVED_ENV_PREFIX}},
             "additionalProperties": {"anyOf": [{"type": "string", "pattern": "^[^\\x00]*$"},
                                                {"type": "integer"}]}},
-    "storage_path": _SHELL_SAFE,
+    # A leading "~" passes the schema so that the chart's storage policy refuses it with the
+    # reason and the fix (`fail`), rather than a bare "does not match pattern".
+    "storage_path": {"type": "string", "pattern": "^~?" + S._SHELL_SAFE.pattern.lstrip("^")},
     "storage_mount": _SHELL_SAFE,
     "storage_size": _QUANTITY,
     "storage_class": _subdomain(),

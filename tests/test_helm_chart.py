@@ -1,0 +1,373 @@
+"""The Helm chart renders exactly what `submitter render` renders, and refuses what it refuses.
+
+Rendering is Helm's own Go code (helm-python-sdk), offline. Objects are compared as parsed
+dicts keyed by (kind, name) with `submitter.render.render(spec).objects`.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any
+
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from submitter import helm_schema
+from submitter.errors import SpecError, StoragePolicyError
+from submitter.helm_values import default_values, helm_values, spec_from_values
+from submitter.plan import to_yaml
+from submitter.render import render
+from submitter.spec import MAX_NAME_LENGTH, JobSpec, defaults, fields
+from submitter.storage import OBJECT_STORE_SCHEMES
+from tests.helm_util import CHART_DIR, by_key, chart, helm, render_chart, render_notes
+
+#: The one thing the chart adds to `submitter render`: `helm uninstall` must keep the PVC too.
+KEEP = ("helm.sh/resource-policy", "keep")
+
+
+def expected(spec: JobSpec) -> dict:
+    """`submitter render`'s objects, plus the chart's keep annotation on a created PVC."""
+    objects = by_key(copy.deepcopy(render(spec).objects))
+    for (kind, _), obj in objects.items():
+        if kind == "PersistentVolumeClaim":
+            obj["metadata"].setdefault("annotations", {}).setdefault(*KEEP)
+    return objects
+
+
+def refusal(values: dict[str, Any], **kwargs: Any) -> str:
+    """The chart's error message for these values (the test fails if the chart renders)."""
+    with pytest.raises(helm().HelmError) as err:
+        render_chart(values, **kwargs)
+    return str(err.value)
+
+
+def _python_render(values: dict[str, Any]) -> dict | str:
+    try:
+        return expected(spec_from_values(values, release_name="rel"))
+    except (SpecError, StoragePolicyError):
+        return "refused"
+
+
+def _chart_render(values: dict[str, Any]) -> dict | str:
+    try:
+        return render_chart(values)
+    except helm().HelmError:
+        return "refused"
+
+
+# --- parity: the value sets of the issue, and more --------------------------------------------
+
+PARITY = {
+    "cpu-only": dict(name="cpu-demo"),
+    "gpus": dict(name="gpt2-demo", replicas=8, gpu_per_pod=1),
+    "existing-pvc": dict(name="shared-ckpt", existing_pvc="team-checkpoints"),
+    "object-store": dict(name="s3-demo", storage_path="s3://bucket/runs/gpt2"),
+    "storage-class": dict(name="nfs-demo", storage_class="nfs-client", storage_size="2Ti"),
+    "namespace": dict(name="ns-demo", namespace="team-a"),
+    "everything-set": dict(
+        name="full", namespace="ml", replicas=4, gpu_per_pod=2, cpu_per_pod="500m",
+        memory_per_pod="1.5Gi", head_cpu="1", head_memory="2Gi", image="reg.io/team/img:1.2",
+        image_pull_policy="Always", env={"WANDB_MODE": "offline", "A_B": 'x: "y"\n- z'},
+        storage_path="/mnt/ckpt/./runs/../runs/", storage_mount="/mnt/ckpt/", storage_size="5Gi",
+        storage_class="efs.csi.aws.com", model="tiny", epochs=7, max_steps_per_epoch=40,
+        batch_size_per_worker=3, learning_rate=1e-05, data="gs://bucket/data/train.parquet",
+        bpe_file="/mnt/ckpt/gpt2.tiktoken", max_failures=0, num_to_keep=5, seed=0, fsdp=True,
+        ttl_seconds_after_finished=0, backoff_limit=0, active_deadline_seconds=86400),
+    "file-uri-on-mount": dict(name="file-demo", storage_path="file:///mnt/checkpoints/runs"),
+    "object-store-existing-pvc": dict(name="mixed", storage_path="gs://b/r", existing_pvc="pvc-1"),
+    "no-dataset-config": dict(name="nocfg", dataset="python-stdlib", dataset_config=None),
+    "large-learning-rate": dict(name="lr", learning_rate=1234567.5),
+}
+
+
+@pytest.mark.parametrize("case", PARITY, ids=list(PARITY))
+def test_chart_renders_the_objects_of_submitter_render(case: str) -> None:
+    spec = JobSpec.build(PARITY[case])
+    assert render_chart(helm_values(spec)) == expected(spec)
+
+
+@pytest.mark.parametrize("case", PARITY, ids=list(PARITY))
+def test_values_file_from_render_helm_values_gives_the_same_objects(case: str) -> None:
+    """The user's path: `submitter render --helm-values > v.yaml; helm template -f v.yaml`,
+    the YAML parsed by Helm's parser (ints and floats come back as Go float64)."""
+    spec = JobSpec.build(PARITY[case])
+    values = helm().values_from_yaml(to_yaml(helm_values(spec), stream=False))
+    assert render_chart(values) == expected(spec)
+
+
+def test_minimal_set_name_equals_render_with_defaults() -> None:
+    values = helm().parse_set_string("name=gpt2-demo")
+    assert render_chart(values) == expected(JobSpec.build(name="gpt2-demo"))
+
+
+def test_empty_name_means_the_release_name() -> None:
+    assert render_chart({}, release="from-release") == expected(JobSpec.build(name="from-release"))
+
+
+def test_set_flags_parse_like_the_cli() -> None:
+    """`--set` gives ints, and a float as a string: both render like the CLI's flags."""
+    values = helm().parse_set_string("name=d,replicas=8,gpuPerPod=1,learningRate=3e-4,"
+                                     "cpuPerPod=8,env.OMP_NUM_THREADS=4")
+    spec = JobSpec.build(name="d", replicas=8, gpu_per_pod=1, learning_rate="3e-4",
+                         cpu_per_pod=8, env={"OMP_NUM_THREADS": 4})
+    assert render_chart(values) == expected(spec)
+
+
+# --- namespace: values.namespace, or the release namespace while it is left at the default -----
+
+def test_release_namespace_is_used_while_values_leave_the_default() -> None:
+    values = {"name": "demo"}
+    got = render_chart(values, namespace="team-a")
+    assert got == expected(spec_from_values(values, "rel", "team-a"))
+    assert {obj["metadata"]["namespace"] for obj in got.values()} == {"team-a"}
+    # The chart compares against JobSpec's default: this fails if that default moves.
+    pinned = render_chart({"name": "demo", "namespace": defaults()["namespace"]}, namespace="team-a")
+    assert pinned == got
+
+
+def test_explicit_values_namespace_wins_over_the_release_namespace() -> None:
+    spec = JobSpec.build(name="demo", namespace="team-b")
+    assert render_chart(helm_values(spec), namespace="team-a") == expected(spec)
+
+
+def test_notes_print_the_exact_next_command() -> None:
+    notes = render_notes({"name": "demo"}, namespace="team-a")
+    assert "submitter watch demo -n team-a" in notes
+
+
+# --- float formatting: the entrypoint carries repr(learning_rate) -----------------------------
+
+def entrypoint(values: dict[str, Any]) -> str:
+    return render_chart(values)[("RayJob", values["name"])]["spec"]["entrypoint"]
+
+
+@pytest.mark.parametrize("rate", [6e-4, 1e-4, 1e-5, 2e-3, 0.1, 1.0, 2.0, 10.0, 123456.7, 1e6,
+                                  1234567.5, 3e15, 123456789012345.6, 1e16, 1.5e16, 1e300,
+                                  5e-324, 1.7976931348623157e308, 0.30000000000000004])
+def test_learning_rate_is_printed_like_python_repr(rate: float) -> None:
+    assert f"--learning-rate {rate!r} " in entrypoint({"name": "lr", "learningRate": rate})
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.floats(min_value=0, exclude_min=True, allow_infinity=False))
+def test_any_positive_learning_rate_is_printed_like_python_repr(rate: float) -> None:
+    assert f"--learning-rate {rate!r} " in entrypoint({"name": "lr", "learningRate": rate})
+
+
+# --- property: any valid spec renders the same through both renderers --------------------------
+
+_printable = st.characters(blacklist_categories=("Cs", "Cc"), blacklist_characters="\x00") | \
+    st.sampled_from("\n\t\"'\\:{}[]#&*!|>%@`")
+_word = st.from_regex(r"\A[a-z][a-z0-9]{0,8}\Z")
+_specs = st.fixed_dictionaries({
+    "name": st.from_regex(r"\A[a-z]([-a-z0-9]{0,30}[a-z0-9])?\Z"),
+    "namespace": st.sampled_from(["default", "team-a", "x"]),
+    "replicas": st.integers(1, 512),
+    "gpu_per_pod": st.integers(0, 8),
+    "cpu_per_pod": st.sampled_from(["4", "500m", "0.5", "64"]),
+    "memory_per_pod": st.sampled_from(["16Gi", "512Mi", "1.5G"]),
+    "env": st.dictionaries(st.from_regex(r"\A[A-Z][A-Z0-9_]{0,10}\Z"), st.text(_printable),
+                           max_size=4),
+    "storage_path": st.one_of(st.none(), st.sampled_from(["s3://b/r", "gs://b", "/mnt/checkpoints/x",
+                                                           "file:///mnt/checkpoints/y//z/"])),
+    "existing_pvc": st.one_of(st.none(), _word),
+    "storage_class": st.one_of(st.none(), _word),
+    "epochs": st.integers(1, 10**9),
+    "max_steps_per_epoch": st.one_of(st.none(), st.integers(1, 10**9)),
+    "learning_rate": st.floats(min_value=1e-9, max_value=10.0),
+    "data": st.one_of(st.none(), st.sampled_from(["/mnt/checkpoints/d.txt", "s3://b/d/"])),
+    "dataset_config": st.one_of(st.none(), _word),
+    "seed": st.integers(0, 2**53),
+    "fsdp": st.booleans(),
+    "active_deadline_seconds": st.one_of(st.none(), st.integers(1, 10**7)),
+})
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_specs)
+def test_any_valid_spec_renders_the_same_objects(data: dict[str, Any]) -> None:
+    spec = JobSpec.build(data)
+    assert render_chart(helm_values(spec)) == expected(spec)
+
+
+# --- storage policy: the chart refuses what `submitter render` refuses -----------------------
+
+STORAGE_PATHS = [
+    # refused
+    "runs", "./runs", "~/ray_results", "~/runs", "/tmp/ckpt", "/tmp", "/var/tmp/x", "/dev/shm/x",
+    "/home/ray/ray_results", "/home/ray/ray_results/x", "/root/ray_results", "/data/runs",
+    "/mnt/checkpoints-other", "/mnt/checkpoints/../x", "//mnt/checkpoints/x", "local:///mnt/x",
+    "file:///tmp/x", "file://host/mnt/checkpoints", "file:///data", "ftp://host/x", "http://h/x",
+    "s3://", "s3:///nobucket", "S3:x://y",
+    # accepted
+    "/mnt/checkpoints", "/mnt/checkpoints/", "/mnt/checkpoints/a/../b", "/mnt/checkpoints//x",
+    "///mnt/checkpoints/x", "file:///mnt/checkpoints", "file:///mnt/checkpoints/x/./y",
+    "/mnt/checkpoints/a://b", "S3://Bucket/x", "abfss://c@acct.dfs.core.windows.net/runs",
+] + [f"{scheme}://bucket/runs" for scheme in sorted(OBJECT_STORE_SCHEMES)]
+
+
+@pytest.mark.parametrize("path", STORAGE_PATHS)
+def test_storage_policy_decides_like_submitter_render(path: str) -> None:
+    values = {"name": "pol", "storagePath": path}
+    assert _chart_render(values) == _python_render(values)
+
+
+@pytest.mark.parametrize("mount", ["/mnt/x", "/data", "/home/ray", "/", "/tmp", "/tmp/x",
+                                   "/var", "/proc/x", "//", "relative/mnt", "/mnt/a/../b"])
+def test_storage_mount_is_checked_like_submitter_render(mount: str) -> None:
+    spec = JobSpec.build(name="mnt", storage_mount=mount)
+    try:
+        want = expected(spec)
+    except StoragePolicyError:
+        assert "storageMount" in refusal(helm_values(spec))
+    else:
+        assert render_chart(helm_values(spec)) == want
+
+
+@pytest.mark.parametrize("path, words", [
+    ("runs/gpt2", "is relative"),
+    ("~/ray_results", "starts with '~'"),
+    ("/tmp/checkpoints", "under /tmp"),
+    ("/home/ray/ray_results", "Ray's default results directory"),
+    ("/data/runs", "outside the shared mount /mnt/checkpoints"),
+    ("local:///mnt/checkpoints", "local:// is each node's own disk"),
+    ("file:///var/lib/ckpt", "file:// path outside the shared mount"),
+    ("s3:///runs", "names no bucket"),
+    ("ftp://host/runs", "unsupported scheme ftp://"),
+])
+def test_chart_refuses_ephemeral_storage_with_the_reason_and_the_fix(path: str, words: str) -> None:
+    message = refusal({"name": "demo", "storagePath": path})
+    assert words in message and path in message
+    assert "s3://" in message  # the fix names a durable alternative
+
+
+@pytest.mark.parametrize("mode", ["ReadWriteOnce", "ReadOnlyMany", "ReadWriteOncePod"])
+def test_chart_refuses_a_pvc_that_is_not_read_write_many(mode: str) -> None:
+    message = refusal({"name": "demo", "storageAccessMode": mode})
+    assert f"storageAccessMode {mode}" in message and "ReadWriteMany" in message
+    # ... also for an existing PVC, which is mounted on every Ray pod all the same
+    assert "ReadWriteMany" in refusal({"name": "demo", "storageAccessMode": mode,
+                                       "existingPvc": "old"})
+    # An object store needs no PVC, so the access mode does not matter (as in render).
+    spec = JobSpec.build(name="demo", storage_access_mode=mode, storage_path="s3://b/r")
+    assert render_chart(helm_values(spec)) == expected(spec)
+
+
+def test_chart_refuses_a_release_name_kuberay_cannot_take() -> None:
+    too_long = "a" * (MAX_NAME_LENGTH + 1)
+    with pytest.raises(SpecError):
+        JobSpec.build(name=too_long)
+    assert f"at most {MAX_NAME_LENGTH}" in refusal({}, release=too_long)
+    assert render_chart({}, release="a" * MAX_NAME_LENGTH)  # the limit itself is fine
+    assert "not a valid name" in refusal({}, release="1abc")
+
+
+# --- only the job's own objects ----------------------------------------------------------------
+
+def test_objects_carry_render_labels_and_no_owner_references() -> None:
+    for obj in render_chart({"name": "demo"}).values():
+        assert "ownerReferences" not in obj["metadata"]
+        assert obj["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "submitter"
+        assert not any(k.startswith("helm.sh/") for k in obj["metadata"]["labels"])
+
+
+@pytest.mark.parametrize("values", [{"existingPvc": "mine"}, {"storagePath": "s3://b/r"}])
+def test_pvc_only_when_the_job_creates_it(values: dict) -> None:
+    kinds = {kind for kind, _ in render_chart({"name": "demo", **values})}
+    assert "PersistentVolumeClaim" not in kinds and "RayJob" in kinds
+    created = render_chart({"name": "demo"})[("PersistentVolumeClaim", "demo-checkpoints")]
+    assert dict([KEEP]).items() <= created["metadata"]["annotations"].items()
+
+
+# --- defaults live once: values.yaml and values.schema.json come from JobSpec -----------------
+
+def test_values_yaml_holds_exactly_jobspec_defaults() -> None:
+    parsed = yaml.safe_load((CHART_DIR / "values.yaml").read_text())
+    assert parsed == default_values()
+    assert list(parsed) == list(default_values())  # same order as JobSpec's fields
+
+
+def test_values_schema_has_exactly_jobspec_keys_and_no_others() -> None:
+    schema = json.loads((CHART_DIR / "values.schema.json").read_text())
+    assert set(schema["properties"]) == set(default_values())
+    assert schema["additionalProperties"] is False
+    with pytest.raises(helm().HelmError, match="nmae"):
+        render_chart({"nmae": "typo"})
+
+
+def test_committed_chart_files_are_the_generated_ones() -> None:
+    """Run `python -m submitter.helm_schema` after changing JobSpec."""
+    assert (CHART_DIR / "values.yaml").read_text() == helm_schema.values_yaml()
+    assert (CHART_DIR / "values.schema.json").read_text() == helm_schema.schema_json()
+
+
+def test_every_key_is_documented() -> None:
+    lines = (CHART_DIR / "values.yaml").read_text().splitlines()
+    for key in default_values():
+        at = next(i for i, line in enumerate(lines) if line.startswith(f"{key}:"))
+        assert lines[at - 1].startswith("# -- "), key
+
+
+# The chart (schema + templates) admits exactly what `submitter render` admits, and renders the
+# same objects for it. Candidates are of the field's own type: JobSpec also coerces "8" to 8 for
+# flags, but Helm values are typed, so the schema does not.
+PROBES: dict[str, list[Any]] = {
+    "name": ["", "a", "gpt2-demo", "a" * 47, "a" * 48, "Demo", "1abc", "abc-", "a_b", "a.b"],
+    "namespace": ["default", "team-a", "0ns", "a" * 63, "a" * 64, "Team", "-a", "a.b", ""],
+    "cpu_per_pod": ["4", "500m", "0.5", ".5", "1.5Gi", 4, "four", "4 ", "-1", "1e3", ""],
+    "image": ["img", "reg.io/team/img:1.2", "img@sha256:abc", "Img", "img:tag latest", ""],
+    "image_pull_policy": ["Always", "IfNotPresent", "Never", "always", ""],
+    "env": [{}, {"A": "1"}, {"_x": ""}, {"A": 4}, {"1A": "x"}, {"A-B": "x"},
+            {"SUBMITTER_X": "x"}, {"A": "a\x00b"}, {"A": 'x: "y"\n- z'}],
+    "storage_path": [None, "/mnt/checkpoints/x", "s3://b/r", "", "/mnt/checkpoints/a b",
+                     "/mnt/checkpoints/$(x)", "/mnt/checkpoints/a;b", "~/x", "~", "/mnt/~x"],
+    "storage_mount": ["/mnt/x", "", "/mnt/a b", "/mnt/\u00fc", "~/mnt"],
+    "storage_class": [None, "nfs", "efs.csi.aws.com", "", "NFS", "a_b"],
+    "storage_access_mode": ["ReadWriteMany", "ReadWriteOnce", "ReadOnlyMany", "ReadWriteOncePod",
+                            "RWX"],
+    "existing_pvc": [None, "pvc-1", "", "PVC", "a" * 253, "a" * 254],
+    "model": ["gpt2-small", "tiny", "gpt2-xl"],
+    "dataset": ["Salesforce/wikitext", "", "a b", "x'y"],
+    "dataset_config": [None, "wikitext-103-raw-v1", "", "a;b"],
+    "learning_rate": [6e-4, 1, 0.0, -1e-3, 1e300],
+    "fsdp": [True, False],
+}
+for _f in fields():  # every whole-number field: its minimum is the same in both
+    if _f.type in ("int", "Optional[int]"):
+        PROBES[_f.name] = [-1, 0, 1, 2, 10**12] + ([None] if _f.type.startswith("Optional") else [])
+
+
+@pytest.mark.parametrize("field", sorted(PROBES))
+def test_chart_admits_exactly_what_submitter_render_admits(field: str) -> None:
+    for value in PROBES[field]:
+        values = {**default_values(), "name": "probe", helm_schema.camel(field): value}
+        assert _chart_render(values) == _python_render(values), (field, value)
+
+
+def test_every_jobspec_field_is_probed() -> None:
+    probed = set(PROBES) | {"memory_per_pod", "head_cpu", "head_memory", "storage_size", "data",
+                            "bpe_file"}  # same schema as cpu_per_pod / dataset_config
+    assert probed == {f.name for f in fields()}
+    for twin, same in [("memory_per_pod", "cpu_per_pod"), ("storage_size", "cpu_per_pod"),
+                       ("head_cpu", "cpu_per_pod"), ("head_memory", "cpu_per_pod"),
+                       ("data", "dataset_config"), ("bpe_file", "dataset_config")]:
+        assert helm_schema.CONSTRAINTS[twin] == helm_schema.CONSTRAINTS[same]
+
+
+# --- lint ---------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("values", [None, {"name": "demo", "replicas": 8, "gpuPerPod": 1}])
+def test_chart_lints_clean(values: dict | None) -> None:
+    report = helm().lint(str(CHART_DIR), values, strict=True, kube_version="v1.30.0")
+    assert report["errors"] == []
+    # Only the INFO "icon is recommended": we have no icon to point at.
+    assert [m for m in report["messages"] if m["severity"] >= 2] == []
+
+
+def test_chart_metadata() -> None:
+    meta = chart().metadata
+    assert meta["name"] == "submitter" and meta["appVersion"] == "0.1.0"
+    assert (CHART_DIR / ".helmignore").is_file()
