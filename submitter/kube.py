@@ -113,7 +113,6 @@ class Kube:
 
     def _build(self) -> Any:
         from kubernetes import client, config
-        from kubernetes.config.config_exception import ConfigException
 
         configuration = client.Configuration()
         path = self._kubeconfig or os.environ.get("KUBECONFIG", "").split(os.pathsep)[0] or \
@@ -125,7 +124,7 @@ class Kube:
                                         client_configuration=configuration, persist_config=False)
             else:
                 config.load_incluster_config(client_configuration=configuration)
-        except (ConfigException, OSError, TypeError, ValueError) as e:
+        except Exception as e:  # ConfigException, YAML errors, missing keys: all mean a bad config
             where = f"--kubeconfig {path}" if self._kubeconfig else f"kubeconfig {path}"
             ctx = f" (context {self._context!r})" if self._context else ""
             raise UsageError(f"cannot load {where}{ctx}: {str(e).splitlines()[0]}; pass "

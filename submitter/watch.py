@@ -219,8 +219,10 @@ class Live:
 
         from submitter.state import COLUMNS, row, utcnow
 
-        table = Table(*COLUMNS, title=f"{state.namespace}/{state.name}", title_justify="left")
-        table.add_row(*row(state, utcnow()))
+        # One job: a field/value table fits any terminal width.
+        table = Table(show_header=False, title=f"{state.namespace}/{state.name}", title_justify="left")
+        for column, value in zip(COLUMNS[1:], row(state, utcnow())[1:]):
+            table.add_row(column, value)
         lines = [table]
         detail = " · ".join(x for x in (state.reason, state.message, state.note, self._last_event) if x)
         if detail:
