@@ -98,6 +98,21 @@ def test_values_file_from_render_helm_values_gives_the_same_objects(case: str) -
     assert render_chart(values) == expected(spec)
 
 
+def test_the_issue_workflow_end_to_end(runner) -> None:
+    """submitter render ... --helm-values > values.yaml; helm template gpt2-demo -f values.yaml."""
+    from submitter.cli import main
+
+    flags = ["render", "--name", "gpt2-demo", "--replicas", "8", "--gpu-per-pod", "1",
+             "-n", "team-a", "--learning-rate", "1e-5", "--env", "WANDB_MODE=offline"]
+    values = runner.invoke(main, [*flags, "--helm-values"])
+    objects = runner.invoke(main, flags)
+    assert values.exit_code == 0 and objects.exit_code == 0, values.output + objects.output
+    chart_objects = render_chart(helm().values_from_yaml(values.stdout), release="gpt2-demo")
+    pvc = chart_objects[("PersistentVolumeClaim", "gpt2-demo-checkpoints")]
+    assert pvc["metadata"]["annotations"].pop(KEEP[0]) == KEEP[1]
+    assert chart_objects == by_key(yaml.safe_load_all(objects.stdout))
+
+
 def test_minimal_set_name_equals_render_with_defaults() -> None:
     values = helm().parse_set_string("name=gpt2-demo")
     assert render_chart(values) == expected(JobSpec.build(name="gpt2-demo"))
@@ -124,8 +139,8 @@ def test_release_namespace_is_used_while_values_leave_the_default() -> None:
     assert got == expected(spec_from_values(values, "rel", "team-a"))
     assert {obj["metadata"]["namespace"] for obj in got.values()} == {"team-a"}
     # The chart compares against JobSpec's default: this fails if that default moves.
-    pinned = render_chart({"name": "demo", "namespace": defaults()["namespace"]}, namespace="team-a")
-    assert pinned == got
+    default = defaults()["namespace"]
+    assert render_chart({"name": "demo", "namespace": default}, namespace="team-a") == got
 
 
 def test_explicit_values_namespace_wins_over_the_release_namespace() -> None:
@@ -169,10 +184,10 @@ _specs = st.fixed_dictionaries({
     "gpu_per_pod": st.integers(0, 8),
     "cpu_per_pod": st.sampled_from(["4", "500m", "0.5", "64"]),
     "memory_per_pod": st.sampled_from(["16Gi", "512Mi", "1.5G"]),
-    "env": st.dictionaries(st.from_regex(r"\A[A-Z][A-Z0-9_]{0,10}\Z"), st.text(_printable),
-                           max_size=4),
-    "storage_path": st.one_of(st.none(), st.sampled_from(["s3://b/r", "gs://b", "/mnt/checkpoints/x",
-                                                           "file:///mnt/checkpoints/y//z/"])),
+    "env": st.dictionaries(st.from_regex(r"\A[A-Z][A-Z0-9_]{0,10}\Z").filter(
+        lambda key: not key.startswith("SUBMITTER_")), st.text(_printable), max_size=4),
+    "storage_path": st.one_of(st.none(), st.sampled_from(
+        ["s3://b/r", "gs://b", "/mnt/checkpoints/x", "file:///mnt/checkpoints/y//z/"])),
     "existing_pvc": st.one_of(st.none(), _word),
     "storage_class": st.one_of(st.none(), _word),
     "epochs": st.integers(1, 10**9),
