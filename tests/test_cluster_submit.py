@@ -224,3 +224,27 @@ def test_bad_kubeconfig_is_a_usage_error(tmp_path, runner):
     bad.write_text("this: is: not a kubeconfig")
     result = submit(runner, str(bad))
     assert result.exit_code == 2 and "cannot load --kubeconfig" in result.output
+
+
+def test_only_kube_module_imports_kubernetes_and_help_stays_light():
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1] / "submitter"
+    importers = sorted(p.name for p in root.glob("*.py")
+                       if re.search(r"^\s*(import|from)\s+kubernetes\b", p.read_text(), re.M))
+    assert importers == ["kube.py"]
+    code = ("import sys; from submitter.cli import main\n"
+            "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+            "print(sorted(m for m in ('kubernetes', 'ray', 'torch', 'rich') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip().splitlines()[-1] == "[]"
+
+
+def test_retry_policy_is_on_the_pool_manager_and_never_retries_post(kube):
+    retry = kube.api.rest_client.pool_manager.connection_pool_kw["retries"]
+    assert set(retry.status_forcelist) == {429, 500, 502, 503, 504}
+    assert "POST" not in retry.allowed_methods and {"GET", "PATCH", "DELETE"} <= set(retry.allowed_methods)
+    assert retry.respect_retry_after_header
