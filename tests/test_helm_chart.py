@@ -21,6 +21,7 @@ from submitter.helm_values import default_values, helm_values, spec_from_values
 from submitter.plan import to_yaml
 from submitter.render import render
 from submitter.spec import MAX_NAME_LENGTH, JobSpec, defaults, fields
+from submitter import storage
 from submitter.storage import OBJECT_STORE_SCHEMES
 from tests.helm_util import CHART_DIR, by_key, chart, helm, render_chart, render_notes
 
@@ -230,8 +231,12 @@ def test_storage_policy_decides_like_submitter_render(path: str) -> None:
     assert _chart_render(values) == _python_render(values)
 
 
-@pytest.mark.parametrize("mount", ["/mnt/x", "/data", "/home/ray", "/", "/tmp", "/tmp/x",
-                                   "/var", "/proc/x", "//", "relative/mnt", "/mnt/a/../b"])
+# Every system and scratch directory storage.py knows, so a new one there fails here first.
+MOUNTS = sorted({*storage._SYSTEM_DIRS, *(d + "/x" for d in storage._SCRATCH_TREES),
+                 "/mnt/x", "/data", "/home/ray", "/home/x/", "//", "relative/mnt", "/mnt/a/../b"})
+
+
+@pytest.mark.parametrize("mount", MOUNTS)
 def test_storage_mount_is_checked_like_submitter_render(mount: str) -> None:
     spec = JobSpec.build(name="mnt", storage_mount=mount)
     try:
@@ -240,6 +245,19 @@ def test_storage_mount_is_checked_like_submitter_render(mount: str) -> None:
         assert "storageMount" in refusal(helm_values(spec))
     else:
         assert render_chart(helm_values(spec)) == want
+
+
+RAY_DEFAULTS = [d.replace("~", "/home/ray") + sub for d in storage.RAY_DEFAULT_DIRS
+                for sub in ("", "/x")] + ["/home/ray/runs", "/home/ray/ray_results2"]
+
+
+@pytest.mark.parametrize("path", RAY_DEFAULTS)
+def test_ray_default_results_dir_is_refused_even_under_the_mount(path: str) -> None:
+    """With the PVC on /home/ray, Ray's default directory is still the pod's own disk."""
+    values = {"name": "ray", "storageMount": "/home/ray", "storagePath": path}
+    assert _chart_render(values) == _python_render(values)
+    if "ray_results/" in path + "/" and path.startswith("/home/ray"):
+        assert "Ray's default results directory" in refusal(values)
 
 
 @pytest.mark.parametrize("path, words", [
