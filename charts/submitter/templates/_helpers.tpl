@@ -266,6 +266,27 @@ The values schema admits only shell-safe text for these fields, so nothing needs
 {{- toJson $env -}}
 {{- end -}}
 
+{{/*
+The checkpoint PVC is mounted at the same path on the head and every worker; an object-store
+storagePath needs no PVC. /dev/shm is a memory volume for Ray's object store. Both as JSON.
+*/}}
+{{- define "submitter.volumeMounts" -}}
+{{- $mounts := list -}}
+{{- if eq (include "submitter.storage" . | fromJson).kind "shared-mount" -}}
+{{- $mounts = list (dict "name" "checkpoints" "mountPath" .Values.storageMount) -}}
+{{- end -}}
+{{- append $mounts (dict "name" "dshm" "mountPath" "/dev/shm") | toJson -}}
+{{- end -}}
+
+{{- define "submitter.volumes" -}}
+{{- $volumes := list -}}
+{{- if eq (include "submitter.storage" . | fromJson).kind "shared-mount" -}}
+{{- $claim := dict "claimName" (include "submitter.pvcName" .) -}}
+{{- $volumes = list (dict "name" "checkpoints" "persistentVolumeClaim" $claim) -}}
+{{- end -}}
+{{- append $volumes (dict "name" "dshm" "emptyDir" (dict "medium" "Memory")) | toJson -}}
+{{- end -}}
+
 {{/* Restricted pod security (manifests/rayjob.yaml.j2): non-root, no escalation, drop ALL. */}}
 {{- define "submitter.podSecurityContext" -}}
 {"runAsNonRoot": true, "runAsUser": 1000, "runAsGroup": 100, "fsGroup": 100, "seccompProfile": {"type": "RuntimeDefault"}}
