@@ -31,15 +31,20 @@ CHART_NOTES = {
 }
 
 # --- JSON-schema fragments for JobSpec's checks (Go's regexp runs these: RE2 syntax) -----------
-_QUANTITY = {"anyOf": [{"type": "string", "pattern": S._QUANTITY.pattern},
+def _re2(pattern: Any) -> str:
+    """A JobSpec regex for Go's RE2, which knows `\\z` but not Python's `\\Z`."""
+    return pattern.pattern.replace(r"\Z", "$")
+
+
+_QUANTITY = {"anyOf": [{"type": "string", "pattern": _re2(S._QUANTITY)},
                        {"type": "integer", "minimum": 0}]}
-_SHELL_SAFE = {"type": "string", "pattern": S._SHELL_SAFE.pattern}
+_SHELL_SAFE = {"type": "string", "pattern": _re2(S._SHELL_SAFE)}
 #: Entrypoint text that JobSpec lets through empty (it only checks non-empty values).
 _SHELL_SAFE_OR_EMPTY = {"anyOf": [{"type": "string", "maxLength": 0}, _SHELL_SAFE]}
 
 
 def _subdomain() -> dict[str, Any]:
-    return {"type": "string", "maxLength": 253, "pattern": S._DNS1123_SUBDOMAIN.pattern}
+    return {"type": "string", "maxLength": 253, "pattern": _re2(S._DNS1123_SUBDOMAIN)}
 
 
 def _minimum(n: int) -> dict[str, Any]:
@@ -50,24 +55,24 @@ def _minimum(n: int) -> dict[str, Any]:
 CONSTRAINTS: dict[str, dict[str, Any]] = {
     "name": {"anyOf": [{"type": "string", "maxLength": 0},
                        {"type": "string", "maxLength": S.MAX_NAME_LENGTH,
-                        "pattern": S._DNS1035.pattern}]},
-    "namespace": {"type": "string", "maxLength": 63, "pattern": S._DNS1123_LABEL.pattern},
+                        "pattern": _re2(S._DNS1035)}]},
+    "namespace": {"type": "string", "maxLength": 63, "pattern": _re2(S._DNS1123_LABEL)},
     "replicas": _minimum(1),
     "gpu_per_pod": _minimum(0),
     "cpu_per_pod": _QUANTITY,
     "memory_per_pod": _QUANTITY,
     "head_cpu": _QUANTITY,
     "head_memory": _QUANTITY,
-    "image": {"type": "string", "maxLength": 512, "pattern": S._IMAGE.pattern},
+    "image": {"type": "string", "maxLength": 512, "pattern": _re2(S._IMAGE)},
     "image_pull_policy": {"type": "string", "enum": list(S.PULL_POLICIES)},
     "env": {"type": "object",
-            "propertyNames": {"pattern": S._ENV_NAME.pattern,
+            "propertyNames": {"pattern": _re2(S._ENV_NAME),
                               "not": {"pattern": "^" + S.RESERVED_ENV_PREFIX}},
             "additionalProperties": {"anyOf": [{"type": "string", "pattern": "^[^\\x00]*$"},
                                                {"type": "integer"}]}},
     # A leading "~" passes the schema so that the chart's storage policy refuses it with the
     # reason and the fix (`fail`), rather than a bare "does not match pattern".
-    "storage_path": {"type": "string", "pattern": "^~?" + S._SHELL_SAFE.pattern.lstrip("^")},
+    "storage_path": {"type": "string", "pattern": "^~?" + _re2(S._SHELL_SAFE).lstrip("^")},
     "storage_mount": _SHELL_SAFE,
     "storage_size": _QUANTITY,
     "storage_class": _subdomain(),

@@ -380,6 +380,15 @@ def test_chart_admits_exactly_what_submitter_render_admits(field: str) -> None:
         assert _chart_render(values) == _python_render(values), (field, value)
 
 
+@pytest.mark.xfail(strict=True, reason="spec.py checks with re.match and `$`, which also matches "
+                   "before a trailing newline; the chart (Go regexp) refuses. Reported to the lead: "
+                   "use re.fullmatch. When fixed, this passes: delete the marker.")
+@pytest.mark.parametrize("field, value", [("name", "abc\n"), ("cpu_per_pod", "4\n")])
+def test_a_trailing_newline_is_refused_by_both(field: str, value: str) -> None:
+    values = {**default_values(), "name": "probe", helm_schema.camel(field): value}
+    assert _chart_render(values) == _python_render(values) == "refused"
+
+
 def test_every_jobspec_field_is_probed() -> None:
     probed = set(PROBES) | {"memory_per_pod", "head_cpu", "head_memory", "storage_size", "data",
                             "bpe_file"}  # same schema as cpu_per_pod / dataset_config
