@@ -251,20 +251,10 @@ def make_sink(output: str, out: TextIO | None = None) -> Sink:
 
 
 def describe(event: dict[str, Any]) -> str:
-    """One short human line for a training event."""
-    t = event.get("type")
-    if t == "progress":
-        return (f"epoch {event['epoch']} step {event['step']} loss {event['loss']:.4f} "
-                f"{event['tokens_per_sec']:,.0f} tok/s")
-    if t == "epoch_finished":
-        return f"epoch {event['epoch']} done: val_loss {event['val_loss']}"
-    if t == "checkpoint_saved":
-        return f"checkpoint {event['path']}"
-    if t == "worker_group_restarted":
-        return f"worker group restarted (attempt {event['attempt']}, from {event['resumed_from']})"
-    if t == "run_failed":
-        return f"training failed: {event['error']}"
-    return str(t).replace("_", " ")
+    """One short human line for a training event (the same wording as `submit --local`)."""
+    from submitter.local import describe as describe_event
+
+    return describe_event(event) or str(event.get("type")).replace("_", " ")
 
 
 def _seconds(timeout: float | None) -> str:
