@@ -409,6 +409,13 @@ def test_chart_lints_clean(values: dict | None) -> None:
     assert [m for m in report["messages"] if m["severity"] >= 2] == []
 
 
+def test_packaged_chart_renders_the_same(tmp_path) -> None:
+    archive = helm().package(str(CHART_DIR), destination=str(tmp_path))
+    packaged = helm().Chart.load(archive)
+    values = helm_values(JobSpec.build(PARITY["gpus"]))
+    assert packaged.render(values, name="rel") == chart().render(values, name="rel")
+
+
 def test_chart_metadata() -> None:
     meta = chart().metadata
     assert meta["name"] == "submitter" and meta["appVersion"] == "0.1.0"
