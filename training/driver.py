@@ -49,12 +49,19 @@ def local_num_cpus(cfg: TrainConfig) -> int:
     return max(os.cpu_count() or 1, math.ceil(cfg.num_workers * cfg.cpus_per_worker) + DATA_CPUS)
 
 
+#: Loggers whose INFO chatter buries the events; the controller's PlacementGroupCleaner warns
+#: every few seconds when the State API (dashboard) is absent, which is harmless.
+_NOISY = {"ray.data": logging.WARNING, "ray.train": logging.WARNING, "ray.tune": logging.WARNING,
+          "transformers": logging.WARNING,
+          "ray.train.v2._internal.execution.controller.placement_group_cleaner": logging.ERROR}
+
+
 def quiet_logs() -> None:
-    """Silence what FACTS lists as noise (Ray Data progress bars, controller chatter)."""
+    """Silence what FACTS lists as noise, here and (as a setup hook) in every Ray process."""
     os.environ.setdefault("RAY_DATA_DISABLE_PROGRESS_BARS", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    for name in ("ray.data", "ray.train", "ray.train.v2", "ray.tune", "transformers"):
-        logging.getLogger(name).setLevel(logging.WARNING)
+    for name, level in _NOISY.items():
+        logging.getLogger(name).setLevel(level)
 
 
 def ensure_ray(cfg: TrainConfig, **init_kwargs: Any) -> None:
@@ -65,6 +72,8 @@ def ensure_ray(cfg: TrainConfig, **init_kwargs: Any) -> None:
         return
     if not os.environ.get("RAY_ADDRESS"):
         init_kwargs.setdefault("num_cpus", local_num_cpus(cfg))
+    init_kwargs.setdefault("runtime_env", {"worker_process_setup_hook": "training.driver.quiet_logs",
+                                           "env_vars": {"RAY_DATA_LOG_LEVEL": "WARNING"}})
     ray.init(**init_kwargs)
 
 
@@ -162,7 +171,8 @@ def _prepare(cfg: TrainConfig, hub: Any, notice: Notice) -> tuple[Any, dict[str,
             checkpoint_config=ray.train.CheckpointConfig(
                 num_to_keep=cfg.num_to_keep, checkpoint_score_attribute="val_loss",
                 checkpoint_score_order="min"),
-            failure_config=ray.train.FailureConfig(max_failures=cfg.max_failures)),
+            failure_config=ray.train.FailureConfig(max_failures=cfg.max_failures),
+            logging_config=ray.LoggingConfig(log_level="WARNING")),
         datasets={"train": train_ds, "val": val_ds},
     )
     facts = {"model": cfg.model, "params": params, "tokenizer": tok_spec.describe(),
