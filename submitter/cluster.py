@@ -61,7 +61,7 @@ def submit_job(spec: JobSpec, *, dry_run: str = "none", watch: bool = False, out
         refuse_drift(plan.get("RayJob") or {}, live, spec.namespace)
     report, applied = apply(kube, plan, dry_run=dry_run == "server")
     if output in ("json", "yaml"):
-        _print_objects(applied, output, out)
+        _print_objects(applied, output, out, compact=watch)  # with --watch: JSON lines follow
     else:
         verb = "would apply (server dry run)" if dry_run == "server" else "applied"
         for ref, what in report.done:
@@ -345,9 +345,10 @@ def wait_deleted(kube: Kube, namespace: str, name: str, seconds: float) -> None:
 
 # --- helpers ----------------------------------------------------------------------------------
 
-def _print_objects(objects: list[dict], output: str, out: TextIO) -> None:
+def _print_objects(objects: list[dict], output: str, out: TextIO, compact: bool = False) -> None:
     if output == "json":
-        out.write(json.dumps({"apiVersion": "v1", "kind": "List", "items": objects}, indent=2) + "\n")
+        out.write(json.dumps({"apiVersion": "v1", "kind": "List", "items": objects},
+                             indent=None if compact else 2) + "\n")
     else:
         out.write(to_yaml(objects))
 

@@ -303,8 +303,6 @@ def translate(e: Any, what: tuple[str, Kind | None, str | None, str | None], hos
         details = body.get("details") or {}
         if kind is not None and kind.plural == "rayjobs" and not details.get("name"):
             return CrdMissing(f"the RayJob CRD (rayjobs.ray.io) is not installed on {host}; {KUBERAY_INSTALL}")
-        if verb == "get" and kind is None and name == "ray.io/v1":
-            return NotFound("ray.io/v1 is not served")
         return NotFound(f"{target} not found{where}")
     if status == 409:
         return Conflict(f"conflict on {target}{where}: {server}")

@@ -21,7 +21,7 @@ import threading
 import time
 from typing import Any, Callable, Protocol, TextIO
 
-from submitter.errors import ApiUnavailable, WatchTimeout
+from submitter.errors import ApiUnavailable, Forbidden, WatchTimeout
 from submitter.kube import Expired, Kube, StreamDropped
 from submitter.state import JobState, configmap_events, job_state
 
@@ -33,10 +33,12 @@ class Follower(threading.Thread):
     """Follows one object through successive watch requests and puts its events on a queue."""
 
     def __init__(self, kube: Kube, kind: str, namespace: str, name: str,
-                 resource_version: str | None, out: "queue.Queue[tuple[str, Any]]") -> None:
+                 resource_version: str | None, out: "queue.Queue[tuple[str, Any]]", *,
+                 optional: bool = False) -> None:
         super().__init__(name=f"watch-{kind}-{name}", daemon=True)
         self.kube, self.kind, self.namespace, self.obj_name = kube, kind, namespace, name
         self.resource_version = resource_version
+        self.optional = optional  # when RBAC forbids it, carry on without it (a warning)
         self.out = out
         self._stop = threading.Event()
         self._stream: Any = None
@@ -65,6 +67,10 @@ class Follower(threading.Thread):
                     self.out.put(("error", ApiUnavailable(f"{e} ({drops} times in a row)")))
                     return
                 self._stop.wait(min(0.1 * 2 ** drops, 5.0))
+            except Forbidden as e:
+                if not self._stop.is_set():
+                    self.out.put(("warning" if self.optional else "error", e))
+                return
             except Exception as e:  # every other failure ends the watch with its message
                 if not self._stop.is_set():
                     self.out.put(("error", e))
@@ -83,7 +89,8 @@ class Sink(Protocol):
 
 
 def follow(kube: Kube, namespace: str, name: str, progress_name: str, sink: Sink, *,
-           timeout: float | None = None, clock: Callable[[], float] = time.monotonic) -> JobState:
+           timeout: float | None = None, clock: Callable[[], float] = time.monotonic,
+           warn: Callable[[str], None] = lambda text: print(text, file=sys.stderr)) -> JobState:
     """Watch until the job is terminal; returns its final state. Raises WatchTimeout."""
     deadline = None if timeout is None else clock() + timeout
     rayjob = kube.get("RayJob", namespace, name)
@@ -98,7 +105,7 @@ def follow(kube: Kube, namespace: str, name: str, progress_name: str, sink: Sink
     dedupe.update(rayjob, None, name, namespace)
     events: "queue.Queue[tuple[str, Any]]" = queue.Queue()
     followers = [Follower(kube, "RayJob", namespace, name, rayjob["metadata"].get("resourceVersion"), events),
-                 Follower(kube, "ConfigMap", namespace, progress_name, None, events)]
+                 Follower(kube, "ConfigMap", namespace, progress_name, None, events, optional=True)]
     for f in followers:
         f.start()
     try:
@@ -113,6 +120,9 @@ def follow(kube: Kube, namespace: str, name: str, progress_name: str, sink: Sink
                 continue
             if source == "error":
                 raise event
+            if source == "warning":
+                warn(f"warning: no training progress: {event}")
+                continue
             obj = event.get("object")
             if source == "RayJob":
                 rayjob = None if event["type"] == "DELETED" else obj

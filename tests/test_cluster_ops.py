@@ -204,3 +204,42 @@ def test_every_cluster_command_has_namespace_context_kubeconfig_and_examples(run
         text = runner.invoke(main, [command, "--help"]).output
         for flag in ("-n, --namespace", "--context", "--kubeconfig", "Examples:"):
             assert flag in text, (command, flag)
+
+
+def test_context_flag_picks_the_kubeconfig_context(api, tmp_path, runner):
+    import yaml as _yaml
+
+    path = api.kubeconfig(tmp_path / "kc")
+    config = _yaml.safe_load(open(path))
+    config["clusters"].append({"name": "dead", "cluster": {"server": "http://127.0.0.1:9"}})
+    config["contexts"].append({"name": "dead", "context": {"cluster": "dead", "user": "tester"}})
+    config["current-context"] = "dead"
+    open(path, "w").write(_yaml.safe_dump(config))
+    assert cli(runner, path, "submit", "--name", "gpt2-demo", "--context", "emulator").exit_code == 0
+    assert cli(runner, path, "status", "gpt2-demo", "--context", "emulator").exit_code == 0
+    wrong = cli(runner, path, "status", "gpt2-demo", "--context", "nope")
+    assert wrong.exit_code == 2 and "context 'nope'" in wrong.output
+
+
+def test_in_cluster_config_is_used_in_a_pod(api, tmp_path, monkeypatch):
+    """No kubeconfig, KUBERNETES_SERVICE_HOST set: the client loads the in-cluster config."""
+    import kubernetes
+    import pytest
+
+    from submitter.cluster import status
+    from submitter.errors import NotFound
+    from submitter.kube import Kube
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("KUBECONFIG", raising=False)
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.0.0.1")
+    loaded = []
+
+    def load_incluster_config(client_configuration=None, **kwargs):
+        loaded.append(True)
+        client_configuration.host = api.url
+
+    monkeypatch.setattr(kubernetes.config, "load_incluster_config", load_incluster_config)
+    with pytest.raises(NotFound, match="no RayJob x in namespace default"):
+        status(Kube(), "default", "x")  # a real request through the in-cluster configuration
+    assert loaded == [True]

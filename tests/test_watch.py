@@ -282,3 +282,39 @@ def test_live_display_renders_a_table(api, job, kube):
     follow(kube, "default", NAME, f"{NAME}-progress", Live(buffer))
     text = buffer.getvalue()
     assert "SUCCEEDED" in text and "1.7500" in text and "LAST CHECKPOINT" in text
+
+
+def test_submit_watch_continues_into_watch_with_json_lines(api, kubeconfig, runner):
+    op = FakeOperator(api.emulator, NAME)
+    mark = len(api.emulator.log)
+
+    def script():
+        watches_open(api, mark, 2)
+        op.initialize()
+        op.run()
+        op.step(1, 10)
+        time.sleep(0.2)
+        op.succeed()
+
+    thread, errors = in_background(script)
+    result = runner.invoke(main, ["submit", "--name", NAME, "--kubeconfig", kubeconfig, "--watch", "-o", "json"])
+    thread.join(10)
+    assert not errors and result.exit_code == 0, result.output
+    docs = lines(result.stdout)
+    assert docs[0]["kind"] == "List" and docs[0]["items"][-1]["kind"] == "RayJob"
+    assert docs[-1] == {"kind": "result", "job": NAME, "state": "SUCCEEDED", "exitCode": 0}
+    assert [d["event"]["seq"] for d in docs if d.get("kind") == "event"] == [1]
+
+
+def test_watch_without_configmap_rbac_still_follows_the_rayjob(api, job, kube):
+    api.emulator.deny("watch", "configmaps")
+    job.initialize()
+    job.run()
+    warnings = []
+    mark = len(api.emulator.log)
+    thread, errors = in_background(lambda: (watches_open(api, mark, 2), time.sleep(0.1), job.succeed()))
+    final = follow(kube, "default", NAME, f"{NAME}-progress", JsonLines(io.StringIO()), timeout=20,
+                   warn=warnings.append)
+    thread.join(5)
+    assert not errors and final.state == "SUCCEEDED"
+    assert len(warnings) == 1 and "you may not watch configmaps" in warnings[0]
