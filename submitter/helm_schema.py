@@ -39,8 +39,6 @@ def _re2(pattern: Any) -> str:
 _QUANTITY = {"anyOf": [{"type": "string", "pattern": _re2(S._QUANTITY)},
                        {"type": "integer", "minimum": 0}]}
 _SHELL_SAFE = {"type": "string", "pattern": _re2(S._SHELL_SAFE)}
-#: Entrypoint text that JobSpec lets through empty (it only checks non-empty values).
-_SHELL_SAFE_OR_EMPTY = {"anyOf": [{"type": "string", "maxLength": 0}, _SHELL_SAFE]}
 
 
 def _subdomain() -> dict[str, Any]:
@@ -86,10 +84,10 @@ CONSTRAINTS: dict[str, dict[str, Any]] = {
     "learning_rate": {"anyOf": [{"type": "number", "exclusiveMinimum": 0},
                                 {"type": "string",
                                  "pattern": "^([0-9]+[.]?[0-9]*|[.][0-9]+)([eE][-+]?[0-9]+)?$"}]},
-    "dataset": _SHELL_SAFE_OR_EMPTY,
-    "dataset_config": _SHELL_SAFE_OR_EMPTY,
-    "data": _SHELL_SAFE_OR_EMPTY,
-    "bpe_file": _SHELL_SAFE_OR_EMPTY,
+    "dataset": _SHELL_SAFE,
+    "dataset_config": _SHELL_SAFE,
+    "data": _SHELL_SAFE,
+    "bpe_file": _SHELL_SAFE,
     "max_failures": _minimum(0),
     "num_to_keep": _minimum(1),
     "seed": _minimum(0),

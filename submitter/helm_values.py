@@ -29,11 +29,13 @@ def default_values() -> dict[str, Any]:
 
 def spec_from_values(values: dict[str, Any], release_name: str | None = None,
                      release_namespace: str | None = None) -> JobSpec:
-    """The JobSpec a set of chart values stands for (as the chart resolves name/namespace)."""
+    """The JobSpec a set of chart values stands for, resolving name and namespace as the chart
+    does: an empty name is the release name; the default namespace yields to the release's."""
     by_camel = {camel(k): k for k in defaults()}
     data = {by_camel[k]: v for k, v in values.items() if k in by_camel}
     if not data.get("name") and release_name:
         data["name"] = release_name
-    if release_namespace and "namespace" not in values:
-        data["namespace"] = release_namespace
+    default_namespace = defaults()["namespace"]
+    if release_namespace and values.get("namespace", default_namespace) == default_namespace:
+        data["namespace"] = release_namespace  # the chart: the default yields to `helm -n`
     return JobSpec.build(data)

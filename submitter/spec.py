@@ -171,7 +171,7 @@ LOCAL_DEFAULTS: dict[str, Any] = {
     "dataset": OFFLINE_DATASET,
     "dataset_config": None,
     "epochs": 2,
-    "max_steps_per_epoch": 40,
+    "max_steps_per_epoch": 150,
     "batch_size_per_worker": 8,
     "learning_rate": 2e-3,
     "max_failures": 2,
@@ -261,7 +261,16 @@ def _check_field(name: str, value: Any) -> None:
         if problem:
             raise SpecError(f"{flag_name(name)}: {problem}")
     meta = _META[name]
-    if meta["entrypoint"] and isinstance(value, str) and value and not _SHELL_SAFE.match(value):
+    if meta["entrypoint"] and isinstance(value, str):
+        _check_entrypoint_value(name, value)
+
+
+def _check_entrypoint_value(name: str, value: str) -> None:
+    if value == "":
+        raise SpecError(f"{flag_name(name)}: must not be empty (leave it out to use the default)")
+    if name == "storage_path" and value.startswith("~"):
+        return  # the storage policy refuses it with the real reason ('~' is not expanded)
+    if not _SHELL_SAFE.fullmatch(value):
         raise SpecError(f"{flag_name(name)}: {value!r} has characters that need shell quoting; "
                         "use letters, digits and _ @ % + = : , . / - only")
 
@@ -271,7 +280,7 @@ def _name(v: str) -> str | None:
         return "a job name is required, e.g. --name gpt2-demo"
     if len(v) > MAX_NAME_LENGTH:
         return f"{v!r} is {len(v)} characters; KubeRay allows at most {MAX_NAME_LENGTH}"
-    if not _DNS1035.match(v):
+    if not _DNS1035.fullmatch(v):
         return (f"{v!r} is not a valid name: use lower-case letters, digits and '-', "
                 "starting with a letter and ending with a letter or digit")
     return None
@@ -279,7 +288,7 @@ def _name(v: str) -> str | None:
 
 def _dns_label(what: str) -> Any:
     def check(v: str) -> str | None:
-        if len(v) > 63 or not _DNS1123_LABEL.match(v):
+        if len(v) > 63 or not _DNS1123_LABEL.fullmatch(v):
             return (f"{v!r} is not a valid {what}: use at most 63 lower-case letters, digits "
                     "and '-', starting and ending with a letter or digit")
         return None
@@ -288,7 +297,7 @@ def _dns_label(what: str) -> Any:
 
 def _subdomain(what: str) -> Any:
     def check(v: str) -> str | None:
-        if len(v) > 253 or not _DNS1123_SUBDOMAIN.match(v):
+        if len(v) > 253 or not _DNS1123_SUBDOMAIN.fullmatch(v):
             return (f"{v!r} is not a valid {what}: use lower-case letters, digits, '-' and '.', "
                     "starting and ending with a letter or digit")
         return None
@@ -296,7 +305,7 @@ def _subdomain(what: str) -> Any:
 
 
 def _quantity(v: str) -> str | None:
-    if not _QUANTITY.match(v):
+    if not _QUANTITY.fullmatch(v):
         return f"{v!r} is not a Kubernetes quantity (e.g. 4, 500m, 16Gi)"
     return None
 
@@ -314,7 +323,7 @@ def _one_of(choices: tuple[str, ...]) -> Any:
 
 
 def _image(v: str) -> str | None:
-    if len(v) > 512 or not _IMAGE.match(v):
+    if len(v) > 512 or not _IMAGE.fullmatch(v):
         return f"{v!r} is not a container image reference (e.g. registry/repo:tag)"
     return None
 
@@ -325,7 +334,7 @@ RESERVED_ENV_PREFIX = "SUBMITTER_"
 
 def _env(v: dict) -> str | None:
     for key, value in v.items():
-        if not _ENV_NAME.match(key):
+        if not _ENV_NAME.fullmatch(key):
             return f"{key!r} is not a valid environment variable name"
         if key.startswith(RESERVED_ENV_PREFIX):
             return f"{key} is reserved (the {RESERVED_ENV_PREFIX}* variables are set by submitter)"

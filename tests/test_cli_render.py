@@ -56,7 +56,7 @@ def test_job_file_sets_fields_and_flags_override(runner, tmp_path):
 @pytest.mark.parametrize("args, words", [
     (["--name", "gpt2-demo", "--storage-path", "/tmp/ckpt"], ["/tmp"]),
     (["--name", "gpt2-demo", "--storage-path", "runs"], ["relative"]),
-    (["--name", "gpt2-demo", "--storage-path", "~/ray_results"], ["~"]),
+    (["--name", "gpt2-demo", "--storage-path", "~/ray_results"], ["starts with '~'"]),
     (["--name", "gpt2-demo", "--storage-access-mode", "ReadWriteOnce"], ["ReadWriteMany"]),
     (["--name", "Bad_Name"], ["--name"]),
     (["--name", "j", "--env", "NOEQUALS"], ["KEY=VALUE"]),

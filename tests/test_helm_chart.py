@@ -25,17 +25,13 @@ from submitter import storage
 from submitter.storage import OBJECT_STORE_SCHEMES
 from tests.helm_util import CHART_DIR, by_key, chart, helm, render_chart, render_notes
 
-#: The one thing the chart adds to `submitter render`: `helm uninstall` must keep the PVC too.
+#: `helm uninstall` must keep the PVC too; `submitter render` carries the same annotation.
 KEEP = ("helm.sh/resource-policy", "keep")
 
 
 def expected(spec: JobSpec) -> dict:
-    """`submitter render`'s objects, plus the chart's keep annotation on a created PVC."""
-    objects = by_key(copy.deepcopy(render(spec).objects))
-    for (kind, _), obj in objects.items():
-        if kind == "PersistentVolumeClaim":
-            obj["metadata"].setdefault("annotations", {}).setdefault(*KEEP)
-    return objects
+    """`submitter render`'s objects, keyed as the chart's are."""
+    return by_key(copy.deepcopy(render(spec).objects))
 
 
 def refusal(values: dict[str, Any], **kwargs: Any) -> str:
@@ -110,7 +106,7 @@ def test_the_issue_workflow_end_to_end(runner) -> None:
     assert values.exit_code == 0 and objects.exit_code == 0, values.output + objects.output
     chart_objects = render_chart(helm().values_from_yaml(values.stdout), release="gpt2-demo")
     pvc = chart_objects[("PersistentVolumeClaim", "gpt2-demo-checkpoints")]
-    assert pvc["metadata"]["annotations"].pop(KEEP[0]) == KEEP[1]
+    assert pvc["metadata"]["annotations"][KEEP[0]] == KEEP[1]
     assert chart_objects == by_key(yaml.safe_load_all(objects.stdout))
 
 
@@ -380,9 +376,6 @@ def test_chart_admits_exactly_what_submitter_render_admits(field: str) -> None:
         assert _chart_render(values) == _python_render(values), (field, value)
 
 
-@pytest.mark.xfail(strict=True, reason="spec.py checks with re.match and `$`, which also matches "
-                   "before a trailing newline; the chart (Go regexp) refuses. Reported to the lead: "
-                   "use re.fullmatch. When fixed, this passes: delete the marker.")
 @pytest.mark.parametrize("field, value", [("name", "abc\n"), ("cpu_per_pod", "4\n")])
 def test_a_trailing_newline_is_refused_by_both(field: str, value: str) -> None:
     values = {**default_values(), "name": "probe", helm_schema.camel(field): value}

@@ -52,6 +52,10 @@ def test_flags_override_job_file_and_kebab_keys_work():
     ({"name": "j", "dataset": "org/name with space"}, "shell quoting"),
     ({"name": "j", "storage_path": "/mnt/checkpoints/$(id)"}, "shell quoting"),
     ({"name": "j", "replica": 3}, "did you mean 'replicas'"),
+    ({"name": "abc\n"}, "not a valid name"),
+    ({"name": "j", "cpu_per_pod": "4\n"}, "quantity"),
+    ({"name": "j", "dataset": ""}, "must not be empty"),
+    ({"name": "j", "bpe_file": ""}, "must not be empty"),
     ({"name": "j", "image": "Not An Image"}, "image"),
 ])
 def test_invalid_values_are_refused_with_the_flag_named(values, message):
