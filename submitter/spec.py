@@ -171,7 +171,7 @@ LOCAL_DEFAULTS: dict[str, Any] = {
     "dataset": OFFLINE_DATASET,
     "dataset_config": None,
     "epochs": 2,
-    "max_steps_per_epoch": 150,
+    "max_steps_per_epoch": 120,
     "batch_size_per_worker": 8,
     "learning_rate": 2e-3,
     "max_failures": 2,
