@@ -130,6 +130,7 @@ def follow(kube: Kube, namespace: str, name: str, progress_name: str, sink: Sink
                 configmap = None if event["type"] == "DELETED" else obj
             state = dedupe.update(rayjob, configmap, name, namespace)
             if state.terminal:
+                state = _final_progress(kube, events, dedupe, rayjob, configmap, progress_name)
                 sink.done(state)
                 return state
     finally:
@@ -137,16 +138,40 @@ def follow(kube: Kube, namespace: str, name: str, progress_name: str, sink: Sink
             f.stop()
 
 
+def _final_progress(kube: Kube, events: "queue.Queue[tuple[str, Any]]", dedupe: "_Dedupe",
+                    rayjob: dict | None, configmap: dict | None, progress_name: str) -> JobState:
+    """The two streams are not ordered with each other: the job can end before its last
+    progress arrives. Take what is queued; if training has not reported its end, read the
+    ConfigMap once more (one request, after the job ended)."""
+    while True:
+        try:
+            source, event = events.get_nowait()
+        except queue.Empty:
+            break
+        if source == "ConfigMap":
+            configmap = None if event["type"] == "DELETED" else event.get("object")
+    state = dedupe.update(rayjob, configmap, dedupe.name, dedupe.namespace)
+    if state.progress.status in ("finished", "failed"):
+        return state
+    try:
+        configmap = kube.find("ConfigMap", dedupe.namespace, progress_name) or configmap
+    except Forbidden:
+        return state
+    return dedupe.update(rayjob, configmap, dedupe.name, dedupe.namespace)
+
+
 class _Dedupe:
     """Turns object snapshots into output: each status change once, each training event once."""
 
     def __init__(self, sink: Sink) -> None:
         self.sink = sink
+        self.name = self.namespace = ""
         self.last_status: tuple | None = None
         self.last_seq = -1
         self.seen_unnumbered: set[str] = set()
 
     def update(self, rayjob: dict | None, configmap: dict | None, name: str, namespace: str) -> JobState:
+        self.name, self.namespace = name, namespace
         state = job_state(rayjob, configmap, name=name, namespace=namespace)
         for ev in configmap_events(configmap):
             seq = ev.get("seq")
