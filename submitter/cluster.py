@@ -63,9 +63,9 @@ def submit_job(spec: JobSpec, *, dry_run: str = "none", watch: bool = False, out
     if output in ("json", "yaml"):
         _print_objects(applied, output, out, compact=watch)  # with --watch: JSON lines follow
     else:
-        verb = "would apply (server dry run)" if dry_run == "server" else "applied"
+        suffix = " (server dry run)" if dry_run == "server" else ""
         for ref, what in report.done:
-            out.write(f"{ref} {what}\n")
+            out.write(f"{ref} {what}{suffix}\n")
         if dry_run != "server":
             state = job_state(live, None, name=spec.name, namespace=spec.namespace) if live else None
             if state is not None and state.terminal:
@@ -74,7 +74,8 @@ def submit_job(spec: JobSpec, *, dry_run: str = "none", watch: bool = False, out
             out.write(next_steps(spec.name, spec.namespace, n["pvc"] if plan.get("PersistentVolumeClaim")
                                  or spec.existing_pvc else None))
         else:
-            err.write(f"{verb}: {len(report.done)} objects validated by the API server; nothing changed\n")
+            err.write(f"server dry run: {len(report.done)} objects validated by the API server; "
+                      "nothing changed\n")
     if watch and dry_run == "none":
         from submitter.watch import follow, make_sink
 

@@ -115,17 +115,21 @@ class Kube:
         from kubernetes import client, config
 
         configuration = client.Configuration()
-        path = self._kubeconfig or os.environ.get("KUBECONFIG", "").split(os.pathsep)[0] or \
-            os.path.expanduser("~/.kube/config")
+        # kubectl's order: --kubeconfig, $KUBECONFIG (merged), ~/.kube/config; in a pod without
+        # any of them, the service account's in-cluster config.
+        in_pod = "KUBERNETES_SERVICE_HOST" in os.environ and not (
+            self._kubeconfig or self._context or os.environ.get("KUBECONFIG")
+            or os.path.exists(os.path.expanduser("~/.kube/config")))
         try:
-            if self._kubeconfig or self._context or os.path.exists(path) or \
-                    "KUBERNETES_SERVICE_HOST" not in os.environ:
-                config.load_kube_config(config_file=path, context=self._context,
-                                        client_configuration=configuration, persist_config=False)
-            else:
+            if in_pod:
                 config.load_incluster_config(client_configuration=configuration)
+            else:
+                config.load_kube_config(config_file=self._kubeconfig, context=self._context,
+                                        client_configuration=configuration, persist_config=False)
         except Exception as e:  # ConfigException, YAML errors, missing keys: all mean a bad config
-            where = f"--kubeconfig {path}" if self._kubeconfig else f"kubeconfig {path}"
+            path = self._kubeconfig or os.environ.get("KUBECONFIG") or "~/.kube/config"
+            where = "the in-cluster config" if in_pod else (
+                f"--kubeconfig {path}" if self._kubeconfig else f"kubeconfig {path}")
             ctx = f" (context {self._context!r})" if self._context else ""
             raise UsageError(f"cannot load {where}{ctx}: {str(e).splitlines()[0]}; pass "
                              "--kubeconfig/--context, or run inside a pod") from e
@@ -196,8 +200,10 @@ class Kube:
             query={"fieldManager": FIELD_MANAGER, "force": "true", "dryRun": "All" if dry_run else None},
             body=obj, content_type="application/apply-patch+yaml", stream=True,
             what=("patch", k, meta.get("namespace"), meta["name"]))
-        created = response.status == 201
-        return json.loads(response.data), created
+        try:
+            return json.loads(response.data), response.status == 201
+        finally:
+            response.release_conn()
 
     def delete(self, kind: str, namespace: str | None, name: str, *, uid: str | None = None,
                propagation: str = "Background") -> bool:

@@ -100,6 +100,18 @@ def test_dry_run_server_sends_dry_run_all_and_persists_nothing(api, kubeconfig, 
     assert len(patches) == 6 and all(q.get("dryRun") == "All" for q in patches)
     assert stored(api, RAYJOBS, "gpt2-demo") is None
     assert stored(api, "v1/persistentvolumeclaims", "gpt2-demo-checkpoints") is None
+    text = submit(runner, kubeconfig, "--dry-run=server")
+    assert text.exit_code == 0
+    assert "rayjob/gpt2-demo created (server dry run)" in text.stdout
+    assert "nothing changed" in text.stderr and "submitter watch" not in text.stdout
+    assert stored(api, RAYJOBS, "gpt2-demo") is None
+
+
+def test_kubeconfig_from_the_environment(api, kubeconfig, runner, monkeypatch):
+    monkeypatch.setenv("KUBECONFIG", kubeconfig)
+    result = runner.invoke(main, ["submit", "--name", "gpt2-demo"])
+    assert result.exit_code == 0, result.output
+    assert stored(api, RAYJOBS, "gpt2-demo") is not None
 
 
 def test_bad_input_is_one_line_exit_2_and_touches_nothing(api, kubeconfig, runner):
