@@ -124,7 +124,9 @@ class Kube:
             if in_pod:
                 config.load_incluster_config(client_configuration=configuration)
             else:
-                config.load_kube_config(config_file=self._kubeconfig, context=self._context,
+                # $KUBECONFIG is read now, not when `kubernetes` was imported; ':'-lists merge.
+                config.load_kube_config(config_file=self._kubeconfig or os.environ.get("KUBECONFIG") or None,
+                                        context=self._context,
                                         client_configuration=configuration, persist_config=False)
         except Exception as e:  # ConfigException, YAML errors, missing keys: all mean a bad config
             path = self._kubeconfig or os.environ.get("KUBECONFIG") or "~/.kube/config"
