@@ -243,3 +243,22 @@ def test_in_cluster_config_is_used_in_a_pod(api, tmp_path, monkeypatch):
     with pytest.raises(NotFound, match="no RayJob x in namespace default"):
         status(Kube(), "default", "x")  # a real request through the in-cluster configuration
     assert loaded == [True]
+
+
+def test_kubectl_sees_what_submit_applied(api, kubeconfig, runner):
+    """A second, independent client (kubectl) agrees with the emulator: discovery (the /api/v1
+    groupVersion fix), lists with `kind`, and the RayJob's server-filled uid."""
+    import subprocess
+
+    submitted(runner, kubeconfig, api)
+
+    def kubectl(*args):
+        done = subprocess.run(["kubectl", "--kubeconfig", kubeconfig, *args], capture_output=True,
+                              text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        return done.stdout.strip()
+
+    assert kubectl("get", "persistentvolumeclaims", "-n", "default", "-o", "name") == \
+        "persistentvolumeclaim/gpt2-demo-checkpoints"
+    uid = api.emulator.get(RAYJOBS, "default", "gpt2-demo")["metadata"]["uid"]
+    assert kubectl("get", "rayjob", "gpt2-demo", "-n", "default", "-o", "jsonpath={.metadata.uid}") == uid
