@@ -87,19 +87,10 @@ def watch(name: str, namespace: str, timeout: str | None, output: str, kube_cont
       submitter watch gpt2-demo -n team-a --timeout 2h
       submitter watch gpt2-demo -o json | jq 'select(.kind=="event")'
     """
-    from submitter.cluster import outcome, job_names
-    from submitter.watch import follow, make_sink
+    from submitter.cluster import watch_job
 
     seconds = parse_duration(timeout) if timeout else None
-    kube = _kube(kube_context, kubeconfig)
-    try:
-        final = follow(kube, namespace, name, job_names(name, namespace)["progress"],
-                       make_sink(output), timeout=seconds)
-    except KeyboardInterrupt:
-        click.echo(f"\nstopped watching; {name} keeps running (submitter delete {name} -n {namespace} "
-                   "stops it)", err=True)
-        sys.exit(130)
-    sys.exit(outcome(final))
+    sys.exit(watch_job(_kube(kube_context, kubeconfig), namespace, name, output=output, timeout=seconds))
 
 
 @click.command()
@@ -197,15 +188,12 @@ def resume(name: str, namespace: str, watch_after: bool, kube_context: str | Non
       submitter resume gpt2-demo
       submitter resume gpt2-demo -n team-a --watch
     """
-    from submitter.cluster import outcome, job_names, resume_job
+    from submitter.cluster import resume_job, watch_job
 
     kube = _kube(kube_context, kubeconfig)
     resume_job(kube, namespace, name, out=sys.stdout)
     if watch_after:
-        from submitter.watch import follow, make_sink
-
-        sys.exit(outcome(follow(kube, namespace, name, job_names(name, namespace)["progress"],
-                                make_sink("text"))))
+        sys.exit(watch_job(kube, namespace, name))
 
 
 def parse_duration(text: str) -> float:

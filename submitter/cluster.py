@@ -77,11 +77,25 @@ def submit_job(spec: JobSpec, *, dry_run: str = "none", watch: bool = False, out
             err.write(f"server dry run: {len(report.done)} objects validated by the API server; "
                       "nothing changed\n")
     if watch and dry_run == "none":
-        from submitter.watch import follow, make_sink
-
-        final = follow(kube, spec.namespace, spec.name, n["progress"], make_sink(output, out))
-        return outcome(final)
+        return watch_job(kube, spec.namespace, spec.name, output=output, out=out, err=err)
     return 0
+
+
+def watch_job(kube: Kube, namespace: str, name: str, *, output: str = "text", timeout: float | None = None,
+              out: TextIO | None = None, err: TextIO | None = None) -> int:
+    """Watch to the end: 0 succeeded; JobFailed (1) failed/stopped; WatchTimeout (3); Ctrl-C 130.
+    Neither a timeout nor Ctrl-C touches the job."""
+    from submitter.watch import follow, make_sink
+
+    err = err or sys.stderr
+    try:
+        final = follow(kube, namespace, name, job_names(name, namespace)["progress"],
+                       make_sink(output, out), timeout=timeout, warn=lambda text: err.write(text + "\n"))
+    except KeyboardInterrupt:
+        err.write(f"\nstopped watching; {name} keeps running (submitter delete {name} -n {namespace} "
+                  "stops it)\n")
+        return 130
+    return outcome(final)
 
 
 def next_steps(name: str, namespace: str, pvc: str | None) -> str:
@@ -196,7 +210,8 @@ def list_jobs(kube: Kube, namespace: str | None) -> list[JobState]:
 
 def submitter_pod(kube: Kube, namespace: str, name: str) -> str:
     """The newest pod of the submitter Job KubeRay K8sJobMode creates (named after the RayJob)."""
-    pods = kube.list("Pod", namespace, labels={"batch.kubernetes.io/job-name": name}).get("items") or []
+    pods = kube.list("Pod", namespace, labels={"batch.kubernetes.io/job-name": name}).get("items") or \
+        kube.list("Pod", namespace, labels={"job-name": name}).get("items") or []  # before 1.27
     if not pods:
         rayjob = kube.find("RayJob", namespace, name)
         if rayjob is None:

@@ -71,11 +71,13 @@ class FakeOperator:
         return self.emit("progress", epoch=epoch, step=step, loss=loss, tokens_per_sec=tokens_per_sec, lr=6e-4)
 
     # --- the submitter Job's pod -----------------------------------------------------------------
-    def submitter_pod(self, lines: list[str], suffix: str = "x7k2p") -> str:
+    def submitter_pod(self, lines: list[str], suffix: str = "x7k2p", *, legacy_labels: bool = False) -> str:
+        """A pod of the submitter Job (labelled as the Job controller does; before Kubernetes
+        1.27 only with `job-name`)."""
         pod = f"{self.name}-{suffix}"
-        self.emu.put("v1", "pods", {"metadata": {
-            "name": pod, "namespace": self.namespace,
-            "labels": {"batch.kubernetes.io/job-name": self.name, "job-name": self.name}}})
+        labels = {"job-name": self.name} if legacy_labels else \
+            {"batch.kubernetes.io/job-name": self.name, "job-name": self.name}
+        self.emu.put("v1", "pods", {"metadata": {"name": pod, "namespace": self.namespace, "labels": labels}})
         self.emu.pod_logs[(self.namespace, pod)] = list(lines)
         return pod
 

@@ -88,9 +88,12 @@ def test_logs_print_the_submitter_pod_log(api, kubeconfig, runner):
         result = cli(runner, kubeconfig, "logs", "gpt2-demo", *args)
         assert result.exit_code == 0, result.output
         assert "Job submitted" in result.stdout and "SUBMITTER_EVENT " in result.stdout
-    requested = [p for m, p, q in api.emulator.log if p.endswith("/log")]
-    assert requested[-1] == "/api/v1/namespaces/default/pods/gpt2-demo-zzzzz/log"
-    assert [q for m, p, q in api.emulator.log if p.endswith("/log")][-1] == {"follow": "true"}
+    log_requests = [(p, q) for m, p, q in api.emulator.log if p.endswith("/log")]
+    assert log_requests[-2:] == [("/api/v1/namespaces/default/pods/gpt2-demo-zzzzz/log", {}),
+                                 ("/api/v1/namespaces/default/pods/gpt2-demo-zzzzz/log", {"follow": "true"})]
+    legacy = submitted(runner, kubeconfig, api, "legacy-job")
+    legacy.submitter_pod(["from a 1.26 cluster"], legacy_labels=True)
+    assert "from a 1.26 cluster" in cli(runner, kubeconfig, "logs", "legacy-job").stdout
 
 
 def test_delete_removes_job_objects_and_keeps_the_pvc(api, kubeconfig, runner):
