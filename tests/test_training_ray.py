@@ -19,6 +19,7 @@ from typing import Any, Callable
 import pytest
 
 from tests.conftest import ROOT, shared_file
+from tests.test_local import durable_dir
 from training import events as ev
 from training.args import parse_args
 
@@ -36,14 +37,7 @@ def fresh_ray():
 
 @pytest.fixture
 def storage(tmp_path_factory) -> Path:
-    # The local storage policy refuses /tmp; keep the runs beside the checkout's build area.
-    base = Path(os.environ.get("SUBMITTER_TEST_RUNS", ROOT / ".test-runs"))
-    path = base / tmp_path_factory.mktemp("r").name
-    path.mkdir(parents=True)
-    yield path
-    import shutil
-
-    shutil.rmtree(path, ignore_errors=True)
+    yield from durable_dir(tmp_path_factory)
 
 
 def _args(storage: Path, name: str, *extra: str) -> list[str]:
