@@ -66,7 +66,7 @@ def run_local(file_values: Mapping[str, Any], flags: Mapping[str, Any], output: 
     try:
         with view:
             outcome = driver.run(cfg, on_event=view.event, notice=view.notice)
-            view.summary(outcome)
+        view.summary(outcome)
     finally:
         if started_ray:
             ray.shutdown()
@@ -203,7 +203,7 @@ class RichView(PlainView):
         self.progress.stop()
 
     def _line(self, text: str) -> None:
-        self.console.print(text, highlight=False, markup=False)
+        self.console.print(text, highlight=False, markup=False, soft_wrap=True)
 
     def event(self, event: Mapping[str, Any]) -> None:
         t = event.get("type")

@@ -133,7 +133,7 @@ def _prepare(cfg: TrainConfig, hub: Any, notice: Notice) -> tuple[Any, dict[str,
 
     from training.data import load_corpus, token_datasets
     from training.loop import train_func
-    from training.model import PRESETS
+    from training.model import PRESETS, expected_parameters
     from training.tokens import get_encoding, resolve_tokenizer
 
     ctx = DataContext.get_current()
@@ -154,7 +154,7 @@ def _prepare(cfg: TrainConfig, hub: Any, notice: Notice) -> tuple[Any, dict[str,
         steps_per_epoch = max(1, train_ds.count() // (cfg.batch_size_per_worker * cfg.num_workers))
     total = steps_per_epoch * cfg.epochs
     warmup = cfg.warmup_steps if cfg.warmup_steps is not None else max(1, total // 20)
-    params = _count_params(cfg.model, encoding.n_vocab, encoding.eot_token, cfg.block_size)
+    params = expected_parameters(cfg.model, encoding.n_vocab, cfg.block_size)
     notice(f"model: {cfg.model}, {params / 1e6:.2f}M parameters, block {block}, "
            f"{cfg.num_workers} worker(s) x batch {cfg.batch_size_per_worker}, "
            f"{cfg.epochs} epoch(s) x {steps_per_epoch} steps")
@@ -180,15 +180,6 @@ def _prepare(cfg: TrainConfig, hub: Any, notice: Notice) -> tuple[Any, dict[str,
              "steps_per_epoch": steps_per_epoch, "block_size": block,
              "batch_size_per_worker": cfg.batch_size_per_worker}
     return trainer, facts
-
-
-def _count_params(model: str, vocab: int, eot: int, block: Optional[int]) -> int:
-    import torch
-
-    from training.model import build_model, count_parameters, gpt2_config
-
-    with torch.device("meta"):
-        return count_parameters(build_model(gpt2_config(model, vocab, eot, block)))
 
 
 def _final_fields(cfg: TrainConfig, result: Any) -> dict[str, Any]:

@@ -46,6 +46,14 @@ def build_model(config):
     return model
 
 
+def expected_parameters(preset_name: str, vocab_size: int, block_size: Optional[int] = None) -> int:
+    """Parameters of a preset without building it (the driver need not import transformers):
+    embeddings + per block (2 LayerNorms, attention 4d^2, MLP 8d^2 and biases) + final LN."""
+    p = PRESETS[preset_name]
+    d, vocab, block = p.n_embd, p.vocab_size or vocab_size, block_size or p.block_size
+    return vocab * d + block * d + p.n_layer * (12 * d * d + 13 * d) + 2 * d
+
+
 def count_parameters(model) -> int:
     """Unique parameters (the tied wte/lm_head weight counts once)."""
     return sum(p.numel() for p in model.parameters())
