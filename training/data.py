@@ -66,7 +66,7 @@ def _files_corpus(data: str, data_format: str, text_column: str) -> Corpus:
 
     fmt = data_format if data_format != "auto" else _guess_format(data)
     if fmt == "parquet":
-        ds = ray.data.read_parquet(data, columns=[text_column])
+        ds = ray.data.read_parquet(data).select_columns([text_column])
     elif fmt == "jsonl":
         ds = ray.data.read_json(data, lines=True)
     else:

@@ -103,6 +103,10 @@ def run(cfg: TrainConfig, *, on_event: OnEvent, notice: Notice = print,
         error = _one_line(e)
         ray.get(hub.emit.remote("run_failed", error=error))
         ok = False
+    except KeyboardInterrupt:
+        ray.get(hub.emit.remote("run_failed", error="interrupted (Ctrl-C); resubmit with the "
+                                "same storage path and name to continue"))
+        raise
     finally:
         poller.stop()
         state = ev.ProgressState.from_dict(ray.get(hub.snapshot.remote()))
