@@ -41,7 +41,14 @@ class _Events:
 
     def emit(self, etype: str, **fields: Any) -> None:
         if self.hub is not None:
-            self.hub.emit.remote(etype, **fields)
+            self.last = self.hub.emit.remote(etype, **fields)
+
+    def flush(self) -> None:
+        """Wait until the emitter has our last event (before the driver says run_finished)."""
+        import ray
+
+        if self.hub is not None and getattr(self, "last", None) is not None:
+            ray.get(self.last)
 
     def started(self, resumed_from: Optional[str], epoch: int, step: int) -> None:
         if self.hub is not None:
@@ -169,7 +176,9 @@ def train_func(loop_config: dict[str, Any]) -> None:
                 loss = model(input_ids=x, labels=x).loss
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
-            if cfg.grad_clip:
+            if cfg.grad_clip and hasattr(model, "clip_grad_norm_"):
+                model.clip_grad_norm_(cfg.grad_clip)  # FSDP: the norm across all shards
+            elif cfg.grad_clip:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
             optimizer.step()
             scheduler.step()
@@ -207,3 +216,4 @@ def train_func(loop_config: dict[str, Any]) -> None:
                     val_loss=None if val_loss is None else round(val_loss, 5),
                     tokens_per_sec=round(tok_s, 1), steps=epoch_steps)
         save(metrics, epoch, done_in_epoch, True)
+    events.flush()
