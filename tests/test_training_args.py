@@ -91,3 +91,14 @@ def test_lr_schedule_warmup_then_cosine():
     assert f[0] == pytest.approx(0.1) and f[9] == pytest.approx(1.0)
     assert all(a >= b for a, b in zip(f[10:100], f[11:100]))
     assert f[99] == pytest.approx(0.1, abs=1e-3) and f[119] == 0.1
+
+
+def test_the_entrypoint_imports_light_and_never_kubernetes_at_module_level():
+    code = ("import sys, training.args, training.config, training.events, training.emitter, "
+            "training.mounts, training.loop, training.driver, training.tokens, training.model, "
+            "training.data, training.__main__; "
+            "print(sorted(m for m in ('kubernetes', 'ray', 'torch', 'transformers') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    # training.data needs numpy only; ray/torch/transformers load inside the functions
+    assert out.stdout.strip() == "[]"
