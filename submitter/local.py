@@ -58,11 +58,9 @@ def run_local(file_values: Mapping[str, Any], flags: Mapping[str, Any], output: 
 
     driver.quiet_logs()
     started_ray = not ray.is_initialized()
-    if started_ray:
-        ray.init(num_cpus=driver.local_num_cpus(cfg), include_dashboard=False,
-                 log_to_driver=False, logging_level=logging.ERROR,
-                 runtime_env={"worker_process_setup_hook": "training.driver.quiet_logs",
-                              "env_vars": {"RAY_DATA_LOG_LEVEL": "WARNING"}})
+    # the terminal shows the events only: Ray's own output stays in its log files
+    driver.ensure_ray(cfg, address="local", include_dashboard=False, log_to_driver=False,
+                      logging_level=logging.ERROR)
     try:
         with view:
             outcome = driver.run(cfg, on_event=view.event, notice=view.notice)

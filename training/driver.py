@@ -70,7 +70,7 @@ def ensure_ray(cfg: TrainConfig, **init_kwargs: Any) -> None:
 
     if ray.is_initialized():
         return
-    if not os.environ.get("RAY_ADDRESS"):
+    if init_kwargs.get("address") == "local" or not os.environ.get("RAY_ADDRESS"):
         init_kwargs.setdefault("num_cpus", local_num_cpus(cfg))
     init_kwargs.setdefault("runtime_env", {"worker_process_setup_hook": "training.driver.quiet_logs",
                                            "env_vars": {"RAY_DATA_LOG_LEVEL": "WARNING"}})
@@ -226,12 +226,9 @@ class _Poller:
     def _drain(self) -> None:
         import ray
 
-        for event in ray.get(self.hub.since.remote(self.seen_seq())):
+        for event in ray.get(self.hub.since.remote(self.seen)):
             self.seen = max(self.seen, event["seq"])
             self.on_event(event)
-
-    def seen_seq(self) -> int:
-        return self.seen
 
     def _loop(self) -> None:
         while not self._stop.wait(self.every):

@@ -71,6 +71,7 @@ def _all_mean(values: list[float], device: Any) -> list[float]:
 
 def train_func(loop_config: dict[str, Any]) -> None:
     import ray.train
+    import ray.train.torch
     import torch
     from ray.train import Checkpoint
     from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_state_dict,
