@@ -121,3 +121,12 @@ def test_seq_continues_from_the_configmap_when_no_file_is_shared(monkeypatch):
     assert em.seq == 12
     assert em.emit("run_finished")["seq"] == 13
     assert api.patches and api.patches[-1][1] == "team"
+
+
+def test_run_resumed_folds_into_the_state():
+    state = ev.fold([ev.make_event("run_started", seq=1, run_name="j", num_workers=1,
+                                   storage_path="/s"),
+                     ev.make_event("run_resumed", seq=2, resumed_from="/s/j/ck", epoch=2, step=40)])
+    assert (state.status, state.resumed_from, state.epoch, state.step) == ("running", "/s/j/ck", 2, 40)
+    with pytest.raises(ev.EventError):
+        ev.make_event("run_resumed", resumed_from="/s/j/ck")

@@ -32,6 +32,8 @@ REQUIRED: dict[str, frozenset[str]] = {
     "epoch_finished": frozenset({"epoch", "train_loss", "val_loss", "tokens_per_sec"}),
     "checkpoint_saved": frozenset({"epoch", "path"}),
     "worker_group_restarted": frozenset({"attempt", "resumed_from"}),
+    # a new driver (re-submit, RayJob retry) picked the run up from a checkpoint
+    "run_resumed": frozenset({"resumed_from", "epoch", "step"}),
     "run_finished": frozenset(),
     "run_failed": frozenset({"error"}),
 }
@@ -154,6 +156,9 @@ def apply(state: ProgressState, event: Mapping[str, Any]) -> ProgressState:
     if etype == "worker_group_restarted":
         return replace(state, status="running", restarts=max(state.restarts, int(e["attempt"])),
                        resumed_from=e["resumed_from"], **common)
+    if etype == "run_resumed":
+        return replace(state, status="running", resumed_from=e["resumed_from"], epoch=e["epoch"],
+                       step=e["step"], **common)
     if etype == "run_finished":
         metrics = {k: v for k, v in e.items() if k not in ("v", "type", "time", "seq")}
         return replace(state, status="finished", metrics=metrics, **common)
