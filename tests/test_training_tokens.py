@@ -113,3 +113,15 @@ def test_resolve_tokenizer_prefers_the_bpe_file_and_falls_back_to_bytes():
     assert spec == TokenizerSpec("bpe-file", path) and path in line
     spec, line = resolve_tokenizer("byte", None)
     assert spec.kind == "byte" and "byte" in line
+
+
+def test_the_byte_fast_path_equals_the_byte_encoding(wiki_lines):
+    enc = byte_encoding()
+    lines = wiki_lines[:300] + ["naïve — ünïcode ✓", " = Title = "]
+    slow: list[int] = []
+    for line in lines:
+        if is_title(line):
+            slow.append(BYTE_EOT_ID)
+        slow += enc.encode_ordinary(line + "\n")
+    n = len(slow) // 32
+    assert tokenize_and_chunk(lines, enc, 32).reshape(-1).tolist() == slow[:n * 32]

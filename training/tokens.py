@@ -24,6 +24,7 @@ EOT = "<|endoftext|>"
 R50K_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 GPT2_EOT_ID = 50256
 BYTE_EOT_ID = 256
+BYTE_ENCODING_NAME = "bytes"
 #: A WikiText article title line: " = Title = " (a section is " = = Section = = ").
 _TITLE = re.compile(r"^ = (?!=).*(?<!=) = $")
 
@@ -43,11 +44,17 @@ class TokenizerSpec:
         return "byte-level (256 bytes + <|endoftext|>, offline)"
 
 
+def _byte_ids(text: str) -> bytes:
+    """What the byte encoding gives (its ranks are the bytes themselves, with no merges),
+    without its regex pre-split: ~50x faster, so Ray Data leaves the CPUs to training."""
+    return text.encode("utf-8")
+
+
 def byte_encoding():
     import tiktoken
 
     return tiktoken.Encoding(
-        name="bytes", pat_str=R50K_PATTERN,
+        name=BYTE_ENCODING_NAME, pat_str=R50K_PATTERN,
         mergeable_ranks={bytes([i]): i for i in range(256)},
         special_tokens={EOT: BYTE_EOT_ID})
 
@@ -111,13 +118,14 @@ def tokenize_and_chunk(texts: Iterable[str], encoding, block_size: int) -> np.nd
     tokens are concatenated and cut into fixed blocks; the remainder is dropped.
     """
     eot = encoding.eot_token
+    encode = _byte_ids if encoding.name == BYTE_ENCODING_NAME else encoding.encode_ordinary
     ids: list[int] = []
     for text in texts:
         if is_title(text):
             ids.append(eot)
         if not text.endswith("\n"):
             text += "\n"
-        ids.extend(encoding.encode_ordinary(text))
+        ids.extend(encode(text))
     n = len(ids) // block_size
     return np.asarray(ids[: n * block_size], dtype=np.int64).reshape(n, block_size)
 
