@@ -130,3 +130,11 @@ def test_run_resumed_folds_into_the_state():
     assert (state.status, state.resumed_from, state.epoch, state.step) == ("running", "/s/j/ck", 2, 40)
     with pytest.raises(ev.EventError):
         ev.make_event("run_resumed", resumed_from="/s/j/ck")
+
+
+def test_the_configmap_env_names_are_the_ones_the_plan_sets():
+    from submitter import render
+    from training import emitter
+
+    assert emitter.ENV_CONFIGMAP == render.ENV_PROGRESS_CONFIGMAP
+    assert emitter.ENV_NAMESPACE == render.ENV_NAMESPACE

@@ -23,7 +23,6 @@ OnEvent = Callable[[dict[str, Any]], None]
 #: Logical CPUs Ray Data gets on a local Ray beside the training workers (see FACTS: without
 #: them, 2 workers on 2 CPUs hang).
 DATA_CPUS = 2
-_ENV_KEYS = ("SUBMITTER_PROGRESS_CONFIGMAP", "SUBMITTER_NAMESPACE")
 
 
 @dataclass
@@ -119,9 +118,9 @@ def _start_hub(cfg: TrainConfig) -> Any:
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    from training.emitter import RunEmitter
+    from training.emitter import ENV_CONFIGMAP, ENV_NAMESPACE, RunEmitter
 
-    env = {k: os.environ[k] for k in _ENV_KEYS if os.environ.get(k)}
+    env = {k: os.environ[k] for k in (ENV_CONFIGMAP, ENV_NAMESPACE) if os.environ.get(k)}
     here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
     actor = ray.remote(RunEmitter).options(num_cpus=0, scheduling_strategy=here,
                                            max_concurrency=1)

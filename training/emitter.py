@@ -22,6 +22,9 @@ from typing import Any, Callable, Mapping, Optional, Protocol
 from training import events as ev
 
 log = logging.getLogger("training.events")
+#: The plan sets these in every Ray container (submitter.render.ENV_PROGRESS_CONFIGMAP/_NAMESPACE).
+ENV_CONFIGMAP = "SUBMITTER_PROGRESS_CONFIGMAP"
+ENV_NAMESPACE = "SUBMITTER_NAMESPACE"
 
 
 class Sink(Protocol):
@@ -119,7 +122,7 @@ class Emitter:
         self.sinks = list(sinks)
         self.clock = clock
         self.state = ev.fold(list(history))
-        self.seq = max((int(e.get("seq", 0)) for e in history), default=0)
+        self.seq = _last_seq(history)
         self.session: list[dict[str, Any]] = []
         self.starts = 0
 
@@ -180,9 +183,9 @@ def run_sinks(run_dir: Optional[str],
         fs = FileSink(os.path.join(run_dir, ev.EVENTS_FILE))
         history = fs.read()
         sinks.append(fs)
-    cm_name = environ.get("SUBMITTER_PROGRESS_CONFIGMAP")
+    cm_name = environ.get(ENV_CONFIGMAP)
     if cm_name:
-        cm = ConfigMapSink(cm_name, environ.get("SUBMITTER_NAMESPACE") or "default")
+        cm = ConfigMapSink(cm_name, environ.get(ENV_NAMESPACE) or "default")
         cm_history = cm.read()
         if _last_seq(cm_history) > _last_seq(history):
             history = cm_history
