@@ -92,6 +92,7 @@ CONSTRAINTS: dict[str, dict[str, Any]] = {
     "num_to_keep": _minimum(1),
     "seed": _minimum(0),
     "fsdp": {"type": "boolean"},
+    "allow_ephemeral_storage": {"type": "boolean"},
     "ttl_seconds_after_finished": _minimum(0),
     "backoff_limit": _minimum(0),
     "active_deadline_seconds": _minimum(1),

@@ -79,6 +79,8 @@ def training_args(spec: JobSpec, storage_path: str) -> list[str]:
         args += ["--bpe-file", spec.bpe_file]
     if spec.fsdp:
         args.append("--fsdp")
+    if spec.allow_ephemeral_storage:
+        args.append("--allow-ephemeral-storage")
     return args
 
 

@@ -194,6 +194,7 @@ _specs = st.fixed_dictionaries({
     "dataset_config": st.one_of(st.none(), _word),
     "seed": st.integers(0, 2**53),
     "fsdp": st.booleans(),
+    "allow_ephemeral_storage": st.booleans(),
     "active_deadline_seconds": st.one_of(st.none(), st.integers(1, 10**7)),
 })
 
@@ -363,6 +364,7 @@ PROBES: dict[str, list[Any]] = {
     "dataset_config": [None, "wikitext-103-raw-v1", "", "a;b"],
     "learning_rate": [6e-4, 1, 0.0, -1e-3, 1e300],
     "fsdp": [True, False],
+    "allow_ephemeral_storage": [True, False],
 }
 for _f in fields():  # every whole-number field: its minimum is the same in both
     if _f.type in ("int", "Optional[int]"):

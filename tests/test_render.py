@@ -175,6 +175,16 @@ def test_training_args_cover_data_choices():
     assert "--dataset" not in args and args[args.index("--data") + 1] == "s3://b/c"
     assert args[args.index("--max-steps-per-epoch") + 1] == "7"
     assert args[args.index("--bpe-file") + 1] == "/mnt/checkpoints/r.tiktoken"
+    assert "--allow-ephemeral-storage" not in args
+
+
+def test_ephemeral_override_reaches_the_entrypoint_and_the_entrypoint_accepts_it():
+    from training.args import parse_args
+
+    spec = JobSpec.build(name="j", allow_ephemeral_storage=True)
+    args = training_args(spec, "/mnt/checkpoints")
+    assert "--allow-ephemeral-storage" in args
+    assert parse_args(args[3:]).allow_ephemeral_storage is True
 
 
 def test_plan_does_not_share_state_between_renders():

@@ -251,6 +251,7 @@ The values schema admits only shell-safe text for these fields, so nothing needs
 {{- $args = concat $args (list "--bpe-file" $v.bpeFile) -}}
 {{- end -}}
 {{- if $v.fsdp -}}{{- $args = append $args "--fsdp" -}}{{- end -}}
+{{- if $v.allowEphemeralStorage -}}{{- $args = append $args "--allow-ephemeral-storage" -}}{{- end -}}
 {{- join " " $args -}}
 {{- end -}}
 
