@@ -27,6 +27,19 @@ def test_defaults_are_jobspecs():
     assert cfg.run_name == "job"
 
 
+def test_train_config_defaults_are_jobspecs_too():
+    d, cfg = defaults(), TrainConfig()
+    for key in set(SPEC_FLAGS) - {"storage_path"}:
+        assert getattr(cfg, key) == d[key], key
+    assert (cfg.storage_path, cfg.num_workers) == (d["storage_mount"], d["replicas"])
+
+
+def test_the_ephemeral_override_travels_through_render():
+    spec = JobSpec.build({"name": "eph", "allow_ephemeral_storage": True, "replicas": 1})
+    cfg = parse_args(training_args(spec, "/mnt/checkpoints")[3:])
+    assert cfg.allow_ephemeral_storage is True
+
+
 @pytest.mark.parametrize("spec", [
     JobSpec.build({"name": "demo"}),
     JobSpec.build({"name": "big", "replicas": 4, "gpu_per_pod": 2, "model": "tiny",

@@ -20,9 +20,9 @@ _RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 #: JobSpec fields with a `python -m training` flag of the same name.
 SPEC_FLAGS = ("name", "storage_path", "model", "epochs", "max_steps_per_epoch",
               "batch_size_per_worker", "learning_rate", "max_failures", "num_to_keep", "seed",
-              "dataset", "dataset_config", "data", "bpe_file", "fsdp")
+              "dataset", "dataset_config", "data", "bpe_file", "fsdp", "allow_ephemeral_storage")
 #: TrainConfig fields with a flag that JobSpec does not have.
-EXTRA_FLAGS = ("run_name", "allow_ephemeral_storage", "cpus_per_worker", "block_size",
+EXTRA_FLAGS = ("run_name", "cpus_per_worker", "block_size",
                "progress_every", "tokenizer", "data_format", "text_column", "val_percent",
                "val_steps", "checkpoint_every", "warmup_steps", "weight_decay", "grad_clip")
 
@@ -54,10 +54,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--dataset-config")
     g.add_argument("--bpe-file", help="GPT-2 ranks file (tiktoken format): GPT-2 BPE offline")
     g.add_argument("--fsdp", action="store_true", default=None, help="FSDP instead of DDP")
+    g.add_argument("--allow-ephemeral-storage", action="store_true", default=None,
+                   help="train even if --storage-path is on the pod's own disk")
     x = p.add_argument_group("entrypoint only (defaults: training.config.TrainConfig)")
     x.add_argument("--run-name", help="Ray Train run name [default: --name]")
-    x.add_argument("--allow-ephemeral-storage", action="store_true", default=None,
-                   help="train even if --storage-path is on the pod's own disk")
     x.add_argument("--cpus-per-worker", type=float)
     x.add_argument("--block-size", type=int)
     x.add_argument("--progress-every", type=int, help="progress event every N steps")
