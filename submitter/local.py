@@ -14,6 +14,7 @@ import sys
 from typing import Any, Mapping, Optional, TextIO
 
 from submitter.errors import UsageError
+from submitter.event_text import describe, fmt as _fmt
 from submitter.spec import LOCAL_DEFAULTS, JobSpec
 from submitter.storage import check_local_storage
 
@@ -76,37 +77,6 @@ def _is_tty(stream: TextIO) -> bool:
         return stream.isatty()
     except (AttributeError, ValueError):
         return False
-
-
-def _fmt(value: Any, spec: str = ".4f") -> str:
-    return "n/a" if value is None else format(value, spec)
-
-
-def describe(event: Mapping[str, Any]) -> Optional[str]:
-    """One human line per event (None: not worth a line)."""
-    t = event.get("type")
-    if t == "run_started":
-        return (f"run {event['run_name']} started: {event['num_workers']} worker(s), "
-                f"{event.get('epochs', '?')} epoch(s) x {event.get('steps_per_epoch', '?')} steps, "
-                f"storage {event['storage_path']}")
-    if t == "progress":
-        return (f"epoch {event['epoch']} step {event['step']:>5}  loss {_fmt(event['loss'])}  "
-                f"lr {_fmt(event['lr'], '.2e')}  {_fmt(event['tokens_per_sec'], ',.0f')} tok/s")
-    if t == "epoch_finished":
-        return (f"epoch {event['epoch']} done: train_loss {_fmt(event['train_loss'])}  "
-                f"val_loss {_fmt(event['val_loss'])}  {_fmt(event['tokens_per_sec'], ',.0f')} tok/s")
-    if t == "checkpoint_saved":
-        return f"checkpoint saved: {event['path']}"
-    if t == "worker_group_restarted":
-        return (f"worker group restarted (attempt {event['attempt']}), resumed from "
-                f"{event['resumed_from'] or 'scratch (no checkpoint yet)'}")
-    if t == "run_resumed":
-        return f"resuming from {event['resumed_from']} (epoch {event['epoch']}, step {event['step']})"
-    if t == "run_failed":
-        return f"FAILED: {event['error']}"
-    if t == "run_finished":
-        return "training finished"
-    return None
 
 
 def summary_lines(outcome: Any) -> list[str]:

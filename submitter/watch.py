@@ -287,7 +287,7 @@ def make_sink(output: str, out: TextIO | None = None) -> Sink:
 
 def describe(event: dict[str, Any]) -> str:
     """One short human line for a training event (the same wording as `submit --local`)."""
-    from submitter.local import describe as describe_event
+    from submitter.event_text import describe as describe_event
 
     return describe_event(event) or str(event.get("type")).replace("_", " ")
 

@@ -1,0 +1,39 @@
+"""One human line per training event: the same wording in `submit --local` and `watch`.
+
+Pure formatting of the events defined in `training.events`; no I/O, no heavy imports.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Optional
+
+
+def fmt(value: Any, spec: str = ".4f") -> str:
+    return "n/a" if value is None else format(value, spec)
+
+
+def describe(event: Mapping[str, Any]) -> Optional[str]:
+    """One human line per event (None: not worth a line)."""
+    t = event.get("type")
+    if t == "run_started":
+        return (f"run {event['run_name']} started: {event['num_workers']} worker(s), "
+                f"{event.get('epochs', '?')} epoch(s) x {event.get('steps_per_epoch', '?')} steps, "
+                f"storage {event['storage_path']}")
+    if t == "progress":
+        return (f"epoch {event['epoch']} step {event['step']:>5}  loss {fmt(event['loss'])}  "
+                f"lr {fmt(event['lr'], '.2e')}  {fmt(event['tokens_per_sec'], ',.0f')} tok/s")
+    if t == "epoch_finished":
+        return (f"epoch {event['epoch']} done: train_loss {fmt(event['train_loss'])}  "
+                f"val_loss {fmt(event['val_loss'])}  {fmt(event['tokens_per_sec'], ',.0f')} tok/s")
+    if t == "checkpoint_saved":
+        return f"checkpoint saved: {event['path']}"
+    if t == "worker_group_restarted":
+        return (f"worker group restarted (attempt {event['attempt']}), resumed from "
+                f"{event['resumed_from'] or 'scratch (no checkpoint yet)'}")
+    if t == "run_resumed":
+        return f"resuming from {event['resumed_from']} (epoch {event['epoch']}, step {event['step']})"
+    if t == "run_failed":
+        return f"FAILED: {event['error']}"
+    if t == "run_finished":
+        return "training finished"
+    return None
