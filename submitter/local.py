@@ -13,7 +13,7 @@ import os
 import sys
 from typing import Any, Mapping, Optional, TextIO
 
-from submitter.errors import UsageError
+from submitter.errors import StoragePolicyError, UsageError
 from submitter.event_text import describe, fmt as _fmt
 from submitter.spec import LOCAL_DEFAULTS, JobSpec
 from submitter.storage import check_local_storage
@@ -25,9 +25,18 @@ LOCAL_PROGRESS_EVERY = 5
 def local_storage_path(file_values: Mapping[str, Any], flags: Mapping[str, Any],
                        cwd: Optional[str] = None) -> str:
     """--storage-path, else the job file's, else `$PWD/runs`; checked for a local run."""
-    path = flags.get("storage_path") or file_values.get("storage_path") \
-        or file_values.get("storage-path") or os.path.join(cwd or os.getcwd(), "runs")
-    return check_local_storage(str(path))
+    given = flags.get("storage_path") or file_values.get("storage_path") \
+        or file_values.get("storage-path")
+    if given:
+        return check_local_storage(str(given))
+    default = os.path.join(cwd or os.getcwd(), "runs")
+    try:
+        return check_local_storage(default)
+    except StoragePolicyError:
+        raise StoragePolicyError(
+            f"the default storage path {default} (./runs) is in scratch space that does not "
+            "survive a restart; run from a directory you keep or pass --storage-path "
+            "/path/you/keep/runs") from None
 
 
 def local_spec(file_values: Mapping[str, Any], flags: Mapping[str, Any]) -> JobSpec:

@@ -44,6 +44,8 @@ def test_local_defaults_then_job_file_then_flags():
 
 def test_local_storage_defaults_to_pwd_runs_and_keeps_the_policy(tmp_path):
     assert local_storage_path({}, {}, cwd="/home/me/proj") == "/home/me/proj/runs"
+    with pytest.raises(StoragePolicyError, match=r"default storage path /tmp/x/runs .*--storage-path"):
+        local_storage_path({}, {}, cwd="/tmp/x")  # a checkout under /tmp: say what to do instead
     assert local_storage_path({"storage_path": "/data/a"}, {}) == "/data/a"
     assert local_storage_path({"storage_path": "/data/a"}, {"storage_path": "/data/b"}) == "/data/b"
     for bad in ("relative/x", "~/runs", "/tmp/runs", "/root/ray_results/x"):
