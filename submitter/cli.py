@@ -16,6 +16,7 @@ from typing import Any, Callable
 import click
 
 from submitter import __version__
+from submitter.cli_options import cluster_options
 from submitter.errors import SpecError, SubmitterError, UsageError
 from submitter.spec import JobSpec, defaults, flag_name
 
@@ -46,13 +47,6 @@ def spec_options(func: Callable[..., Any]) -> Callable[..., Any]:
     return click.option("-f", "--file", "job_file", type=click.Path(dir_okay=False),
                         help="job file (YAML) with the same settings as the flags; flags "
                              "override it")(func)
-
-
-def cluster_options(func: Callable[..., Any]) -> Callable[..., Any]:
-    """`--context` and `--kubeconfig` (in a pod, the in-cluster config is used)."""
-    func = click.option("--kubeconfig", type=click.Path(dir_okay=False),
-                        help="kubeconfig file [default: $KUBECONFIG or ~/.kube/config]")(func)
-    return click.option("--context", "kube_context", help="kubeconfig context to use")(func)
 
 
 def load_job_file(path: str | None) -> dict[str, Any]:
@@ -109,8 +103,25 @@ def _parse_env(pairs: tuple[str, ...]) -> dict[str, str]:
 
 # --- the group ------------------------------------------------------------------------------
 
+#: Commands defined in `submitter.cli_cluster`, imported only when one of them runs (or for
+#: `--help`): `submitter render` must not pay for them.
+LAZY_COMMANDS = ("watch", "status", "list", "logs", "delete", "resume")
+
+
 class _Group(click.Group):
-    """Turns every SubmitterError into one line on stderr and its exit code: no tracebacks."""
+    """Turns every SubmitterError into one line on stderr and its exit code (no tracebacks), and
+    loads the cluster commands lazily."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *LAZY_COMMANDS})
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name in LAZY_COMMANDS and name not in self.commands:
+            from submitter import cli_cluster
+
+            for command in cli_cluster.COMMANDS:
+                self.add_command(command)
+        return super().get_command(ctx, name)
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
@@ -209,14 +220,3 @@ def submit(local: bool, dry_run: str, watch_after: bool, output: str, kube_conte
     spec = build_spec(options)
     sys.exit(submit_job(spec, dry_run=dry_run, watch=watch_after, output=output,
                         context=kube_context, kubeconfig=kubeconfig))
-
-
-def _register_cluster_commands() -> None:
-    """watch/status/list/logs/delete/resume live in `submitter.cli_cluster`."""
-    from submitter import cli_cluster
-
-    for command in cli_cluster.COMMANDS:
-        main.add_command(command)
-
-
-_register_cluster_commands()

@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 import click
 
-from submitter.cli import cluster_options
+from submitter.cli_options import cluster_options
 from submitter.errors import UsageError
 from submitter.spec import defaults
 

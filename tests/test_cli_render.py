@@ -129,3 +129,12 @@ def test_help_and_render_import_no_heavy_modules():
 def test_python_dash_m_submitter_works():
     proc = subprocess.run([sys.executable, "-m", "submitter", "--version"], capture_output=True, text=True)
     assert proc.returncode == 0 and "0.1.0" in proc.stdout
+
+
+def test_lazy_cluster_commands_are_exactly_cli_clusters_and_import_on_their_own():
+    from submitter import cli, cli_cluster
+
+    assert sorted(cli.LAZY_COMMANDS) == sorted(c.name for c in cli_cluster.COMMANDS)
+    proc = subprocess.run([sys.executable, "-c", "import submitter.cli_cluster"], capture_output=True,
+                          text=True)
+    assert proc.returncode == 0, proc.stderr  # no circular import between the command modules
