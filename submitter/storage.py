@@ -35,6 +35,16 @@ class StorageDecision:
     path: str  # the normalized path/URI handed to Ray Train
 
 
+def scheme_of(path: str) -> str:
+    """The URI scheme of a storage path, lower-case; '' for a plain path."""
+    return urlsplit(path).scheme.lower() if "://" in path else ""
+
+
+def local_path(path: str) -> str:
+    """A plain path as it is, or the path part of a file:// URI."""
+    return urlsplit(path).path if scheme_of(path) == "file" else path
+
+
 def check_mount(mount: str) -> str:
     """Validate the PVC mount point; return it normalized."""
     if not mount.startswith("/"):
@@ -57,13 +67,13 @@ def check_access_mode(mode: str) -> None:
 def check_cluster_storage(path: str, mount: str) -> StorageDecision:
     """Accept object-store URIs and paths under the shared PVC mount; refuse all else."""
     mount = check_mount(mount)
-    scheme = urlsplit(path).scheme.lower() if "://" in path else ""
+    scheme = scheme_of(path)
     if scheme in OBJECT_STORE_SCHEMES:
         if not urlsplit(path).netloc:
             raise StoragePolicyError(f"--storage-path {path!r} names no bucket; use e.g. {scheme}://bucket/runs")
         return StorageDecision("object-store", path)
     if scheme == "file":
-        local = urlsplit(path).path
+        local = local_path(path)
         if not _is_under(posixpath.normpath(local or "/"), mount) or urlsplit(path).netloc:
             raise StoragePolicyError(
                 f"--storage-path {path!r} is a file:// path outside the shared mount {mount}: "
@@ -83,11 +93,11 @@ def check_cluster_storage(path: str, mount: str) -> StorageDecision:
 
 def check_local_storage(path: str) -> str:
     """Local runs (`submit --local`): an absolute, durable local directory. Returns it normalized."""
-    scheme = urlsplit(path).scheme.lower() if "://" in path else ""
+    scheme = scheme_of(path)
     if scheme in OBJECT_STORE_SCHEMES:
         return path
     if scheme == "file":
-        path = urlsplit(path).path
+        path = local_path(path)
     elif scheme:
         raise StoragePolicyError(_unknown_scheme(path, scheme, None))
     _refuse_ephemeral_text(path, "use an absolute directory you keep, e.g. $PWD/runs")

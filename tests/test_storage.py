@@ -89,3 +89,12 @@ def test_local_refusals_hold(path):
 ])
 def test_local_accepts_absolute_dirs(path, expected):
     assert check_local_storage(path) == expected
+
+
+@pytest.mark.parametrize("path, scheme, local", [
+    ("/mnt/x", "", "/mnt/x"), ("file:///mnt/x", "file", "/mnt/x"), ("FILE:///mnt/x", "file", "/mnt/x"),
+    ("S3://b/x", "s3", "S3://b/x"), ("relative", "", "relative")])
+def test_scheme_and_local_path_are_read_one_way_everywhere(path, scheme, local):
+    from submitter.storage import local_path, scheme_of
+
+    assert (scheme_of(path), local_path(path)) == (scheme, local)

@@ -13,8 +13,8 @@ import os
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
-from urllib.parse import urlsplit
 
+from submitter.storage import local_path, scheme_of
 from training import events as ev
 from training.config import TrainConfig
 
@@ -36,11 +36,9 @@ class RunOutcome:
 
 def run_dir_of(cfg: TrainConfig) -> Optional[str]:
     """`<storage_path>/<run_name>` when it is a filesystem path (events.jsonl lives there)."""
-    scheme = urlsplit(cfg.storage_path).scheme if "://" in cfg.storage_path else ""
-    if scheme and scheme != "file":
+    if scheme_of(cfg.storage_path) not in ("", "file"):
         return None
-    base = urlsplit(cfg.storage_path).path if scheme == "file" else cfg.storage_path
-    return os.path.join(base, cfg.run_name)
+    return os.path.join(local_path(cfg.storage_path), cfg.run_name)
 
 
 def local_num_cpus(cfg: TrainConfig) -> int:

@@ -12,10 +12,9 @@ import os
 import posixpath
 from dataclasses import dataclass
 from typing import Mapping, Optional
-from urllib.parse import urlsplit
 
 from submitter.errors import StoragePolicyError
-from submitter.storage import OBJECT_STORE_SCHEMES, check_local_storage
+from submitter.storage import OBJECT_STORE_SCHEMES, check_local_storage, local_path, scheme_of
 
 #: Filesystem types that every pod of the cluster can see (network / distributed).
 SHARED_FSTYPES = frozenset({
@@ -80,12 +79,11 @@ def is_shared(fstype: str) -> bool:
 def check_storage_in_container(path: str, mountinfo: str, *, in_kubernetes: bool,
                                allow_ephemeral: bool = False) -> str:
     """Return a one-line verdict for the output, or raise StoragePolicyError with the fix."""
-    scheme = urlsplit(path).scheme.lower() if "://" in path else ""
-    if scheme in OBJECT_STORE_SCHEMES:
+    if scheme_of(path) in OBJECT_STORE_SCHEMES:
         return f"storage: {path} (object store)"
     if not in_kubernetes:
         return f"storage: {check_local_storage(path)} (local directory)"
-    local = urlsplit(path).path if scheme == "file" else path
+    local = local_path(path)
     if not local.startswith("/"):
         raise StoragePolicyError(f"--storage-path {path!r} is relative; use the shared mount, "
                                  "e.g. /mnt/checkpoints")
