@@ -192,10 +192,16 @@ def apply(kube: Kube, plan: Plan | list[dict], *, dry_run: bool = False) -> tupl
 
 # --- status / list / logs -------------------------------------------------------------------------
 
-def status(kube: Kube, namespace: str, name: str) -> JobState:
+def existing_rayjob(kube: Kube, namespace: str, name: str) -> dict:
+    """The live RayJob, or NotFound pointing at `submitter list`."""
     rayjob = kube.find("RayJob", namespace, name)
     if rayjob is None:
         raise NotFound(f"no RayJob {name} in namespace {namespace}; see submitter list -n {namespace}")
+    return rayjob
+
+
+def status(kube: Kube, namespace: str, name: str) -> JobState:
+    rayjob = existing_rayjob(kube, namespace, name)
     configmap = kube.find("ConfigMap", namespace, job_names(name, namespace)["progress"])
     return job_state(rayjob, configmap, name=name, namespace=namespace)
 
@@ -213,9 +219,7 @@ def submitter_pod(kube: Kube, namespace: str, name: str) -> str:
     pods = kube.list("Pod", namespace, labels={"batch.kubernetes.io/job-name": name}).get("items") or \
         kube.list("Pod", namespace, labels={"job-name": name}).get("items") or []  # before 1.27
     if not pods:
-        rayjob = kube.find("RayJob", namespace, name)
-        if rayjob is None:
-            raise NotFound(f"no RayJob {name} in namespace {namespace}; see submitter list -n {namespace}")
+        rayjob = existing_rayjob(kube, namespace, name)
         state = job_state(rayjob, None, name=name, namespace=namespace)
         raise NotFound(f"{name} has no submitter pod yet ({state.state}); the driver starts once the "
                        f"Ray cluster is up: submitter watch {name} -n {namespace}")
