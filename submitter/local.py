@@ -15,7 +15,7 @@ from typing import Any, Mapping, Optional, TextIO
 
 from submitter.errors import StoragePolicyError, UsageError
 from submitter.event_text import describe, fmt as _fmt
-from submitter.spec import LOCAL_DEFAULTS, JobSpec
+from submitter.spec import LOCAL_DEFAULTS, JobSpec, normalize_keys
 from submitter.storage import check_local_storage
 
 #: Local runs report progress often: the run is short and someone is watching.
@@ -25,8 +25,7 @@ LOCAL_PROGRESS_EVERY = 5
 def local_storage_path(file_values: Mapping[str, Any], flags: Mapping[str, Any],
                        cwd: Optional[str] = None) -> str:
     """--storage-path, else the job file's, else `$PWD/runs`; checked for a local run."""
-    given = flags.get("storage_path") or file_values.get("storage_path") \
-        or file_values.get("storage-path")
+    given = flags.get("storage_path") or normalize_keys(file_values).get("storage_path")
     if given:
         return check_local_storage(str(given))
     default = os.path.join(cwd or os.getcwd(), "runs")
@@ -41,8 +40,8 @@ def local_storage_path(file_values: Mapping[str, Any], flags: Mapping[str, Any],
 
 def local_spec(file_values: Mapping[str, Any], flags: Mapping[str, Any]) -> JobSpec:
     """LOCAL_DEFAULTS < job file < flags; the storage path is handled apart (it is local)."""
-    values = {**LOCAL_DEFAULTS, **{k: v for k, v in file_values.items()
-                                   if k not in ("storage_path", "storage-path")}}
+    values = {**LOCAL_DEFAULTS, **{k: v for k, v in normalize_keys(file_values).items()
+                                   if k != "storage_path"}}
     overrides = {k: v for k, v in flags.items() if k != "storage_path"}
     return JobSpec.build(values, **overrides)
 

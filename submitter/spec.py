@@ -134,9 +134,7 @@ class JobSpec:
 
         Keys may be snake_case or kebab-case. Unknown keys and wrong types raise `SpecError`.
         """
-        merged: dict[str, Any] = {}
-        for key, value in dict(values or {}).items():
-            merged[_field_name(key)] = value
+        merged = normalize_keys(values or {})
         for key, value in overrides.items():
             if value is not None:
                 merged[_field_name(key)] = value
@@ -196,6 +194,12 @@ def defaults() -> dict[str, Any]:
 
 def flag_name(field_name: str) -> str:
     return "--" + field_name.replace("_", "-")
+
+
+def normalize_keys(values: Mapping[str, Any]) -> dict[str, Any]:
+    """A job file's mapping with snake_case field names (kebab-case accepted); unknown keys
+    raise SpecError with a suggestion."""
+    return {_field_name(key): value for key, value in dict(values).items()}
 
 
 # --- validation ---------------------------------------------------------------------------

@@ -40,6 +40,11 @@ def test_local_defaults_then_job_file_then_flags():
     assert (spec.epochs, spec.model) == (1, "gpt2-small")
     with pytest.raises(SpecError):
         local_spec({}, {"epochs": 0})
+    kebab = {"max-steps-per-epoch": 7, "storage-path": "/data/k"}  # job files may use flag spelling
+    assert local_spec(kebab, {}).max_steps_per_epoch == 7
+    assert local_storage_path(kebab, {}) == "/data/k"
+    with pytest.raises(SpecError, match="did you mean 'storage_path'"):
+        local_storage_path({"storage_pth": "/data/k"}, {})
 
 
 def test_local_storage_defaults_to_pwd_runs_and_keeps_the_policy(tmp_path):
