@@ -64,6 +64,15 @@ def test_worker_group_restarts_are_told_apart_from_a_resumed_run():
     assert resumed["type"] == "run_resumed" and resumed["step"] == 40
 
 
+def test_restart_attempts_count_on_across_driver_sessions():
+    earlier = [ev.make_event("worker_group_restarted", seq=1, attempt=1, resumed_from="/s/j/a"),
+               ev.make_event("run_failed", seq=2, error="node lost")]
+    em = Emitter([], history=earlier)  # the RayJob retried: a new driver, same events
+    assert em.worker_group_started("/s/j/b", 2, 20)["type"] == "run_resumed"
+    assert em.worker_group_started("/s/j/c", 2, 30)["attempt"] == 2
+    assert em.state.restarts == 2
+
+
 def test_since_returns_only_this_sessions_newer_events():
     em = Emitter([], history=[ev.make_event("run_finished", seq=7)])
     a = em.emit("run_started", run_name="r", num_workers=1, storage_path="/s")

@@ -140,10 +140,11 @@ class Emitter:
 
     def worker_group_started(self, resumed_from: Optional[str], epoch: int,
                              step: int) -> Optional[dict[str, Any]]:
-        """Called by rank 0 each time a worker group starts training."""
+        """Called by rank 0 each time a worker group starts training. `attempt` counts the
+        run's worker-group restarts across driver sessions (it continues from the history)."""
         self.starts += 1
         if self.starts > 1:
-            return self.emit("worker_group_restarted", attempt=self.starts - 1,
+            return self.emit("worker_group_restarted", attempt=self.state.restarts + 1,
                              resumed_from=resumed_from, epoch=epoch, step=step)
         if resumed_from is not None:
             return self.emit("run_resumed", resumed_from=resumed_from, epoch=epoch, step=step)
