@@ -26,6 +26,11 @@ from training.args import parse_args
 pytestmark = pytest.mark.slow
 
 
+#: Log lines Ray prints in every run that say nothing to the user (see training.driver).
+NOISE = ("PreemptionWatcher", "Reporting training result", "exclude_resources",
+         "Progress bars disabled", "PlacementGroupCleaner")
+
+
 @pytest.fixture
 def fresh_ray():
     """Each test owns its Ray instance (started by the driver) and shuts it down."""
@@ -207,8 +212,9 @@ def test_a_stopped_run_continues_with_the_same_next_step_loss(storage, fresh_ray
     assert sorted(straight) == list(range(1, 25))
 
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    log = (storage / "stopped.log").open("wb")
     proc = subprocess.Popen([sys.executable, "-m", "training", *_args(storage, "stopped", *common)],
-                            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
                             start_new_session=True)
     try:
         deadline = time.monotonic() + 240
@@ -225,6 +231,11 @@ def test_a_stopped_run_continues_with_the_same_next_step_loss(storage, fresh_ray
             except ProcessLookupError:
                 pass
         proc.wait(timeout=30)
+        log.close()
+    output = (storage / "stopped.log").read_text(errors="replace")
+    assert "SUBMITTER_EVENT" in output
+    for noise in NOISE:  # what FACTS lists as Ray's chatter stays out of the driver log
+        assert noise not in output, noise
     before = _events(storage, "stopped")
     stopped_at = max(e["step"] for e in before if e["type"] == "progress")
     assert stopped_at < 24 and before[-1]["type"] != "run_finished"

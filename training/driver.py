@@ -47,18 +47,37 @@ def local_num_cpus(cfg: TrainConfig) -> int:
 
 
 #: Loggers whose INFO chatter buries the events; the controller's PlacementGroupCleaner warns
-#: every few seconds when the State API (dashboard) is absent, which is harmless.
+#: every few seconds when the State API (dashboard) is absent, which is harmless; Ray Data
+#: warns once per dataset that the progress bars we turned off are off.
 _NOISY = {"ray.data": logging.WARNING, "ray.train": logging.WARNING, "ray.tune": logging.WARNING,
-          "transformers": logging.WARNING,
+          "transformers": logging.WARNING, "ray.data._internal.progress": logging.ERROR,
           "ray.train.v2._internal.execution.controller.placement_group_cleaner": logging.ERROR}
+#: Ray Train logs every `report` at INFO through a logger named after its file path.
+_NOISY_FILE_LOGGERS = ("ray.train.v2._internal.execution.context",)
+#: Ray Train's own use of a deprecated Ray Data option (not ours to fix) warns in every run.
+_NOISY_WARNINGS = r"`ExecutionOptions\.exclude_resources` is deprecated"
+#: An embedded Ray has no nodes a cloud can drain, so Ray Train's preemption watcher only
+#: costs an actor per worker group (and logs an E-level line about its max_restarts).
+LOCAL_RAY_ENV = {"RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0"}
 
 
 def quiet_logs() -> None:
     """Silence what FACTS lists as noise, here and (as a setup hook) in every Ray process."""
+    import importlib.util
+    import warnings
+
     os.environ.setdefault("RAY_DATA_DISABLE_PROGRESS_BARS", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     for name, level in _NOISY.items():
         logging.getLogger(name).setLevel(level)
+    for module in _NOISY_FILE_LOGGERS:
+        try:
+            spec = importlib.util.find_spec(module)  # finds the file without importing it
+        except ModuleNotFoundError:
+            spec = None
+        if spec is not None and spec.origin:
+            logging.getLogger(spec.origin).setLevel(logging.WARNING)
+    warnings.filterwarnings("ignore", message=_NOISY_WARNINGS)
 
 
 def ensure_ray(cfg: TrainConfig, **init_kwargs: Any) -> None:
@@ -67,10 +86,12 @@ def ensure_ray(cfg: TrainConfig, **init_kwargs: Any) -> None:
 
     if ray.is_initialized():
         return
+    env_vars = {"RAY_DATA_LOG_LEVEL": "WARNING"}
     if init_kwargs.get("address") == "local" or not os.environ.get("RAY_ADDRESS"):
         init_kwargs.setdefault("num_cpus", local_num_cpus(cfg))
+        env_vars.update(LOCAL_RAY_ENV)
     init_kwargs.setdefault("runtime_env", {"worker_process_setup_hook": "training.driver.quiet_logs",
-                                           "env_vars": {"RAY_DATA_LOG_LEVEL": "WARNING"}})
+                                           "env_vars": env_vars})
     ray.init(**init_kwargs)
 
 

@@ -35,7 +35,8 @@ def gpt2_config(preset_name: str, vocab_size: int, eot_id: int, block_size: Opti
     block = block_size or p.block_size
     return GPT2Config(vocab_size=vocab, n_positions=block, n_embd=p.n_embd, n_layer=p.n_layer,
                       n_head=p.n_head, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
-                      bos_token_id=eot_id, eos_token_id=eot_id)
+                      bos_token_id=eot_id, eos_token_id=eot_id,
+                      use_cache=False)  # training never decodes: no KV cache to fill each step
 
 
 def build_model(config):
