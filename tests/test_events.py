@@ -87,12 +87,12 @@ class FakeCoreV1:
     def __init__(self, fail: bool = False, data: dict | None = None):
         self.fail, self.patches, self.data = fail, [], data
 
-    def patch_namespaced_config_map(self, name, namespace, body):
+    def patch_namespaced_config_map(self, name, namespace, body, **kwargs):
         if self.fail:
             raise ConnectionError("API unreachable")
         self.patches.append((name, namespace, body))
 
-    def read_namespaced_config_map(self, name, namespace):
+    def read_namespaced_config_map(self, name, namespace, **kwargs):
         if self.fail:
             raise ConnectionError("API unreachable")
         return type("CM", (), {"data": self.data})()

@@ -25,6 +25,8 @@ log = logging.getLogger("training.events")
 #: The plan sets these in every Ray container (submitter.render.ENV_PROGRESS_CONFIGMAP/_NAMESPACE).
 ENV_CONFIGMAP = "SUBMITTER_PROGRESS_CONFIGMAP"
 ENV_NAMESPACE = "SUBMITTER_NAMESPACE"
+#: (connect, read) seconds for one ConfigMap request: a hung API server must not hang the run.
+API_TIMEOUT = (5.0, 10.0)
 
 
 class Sink(Protocol):
@@ -80,17 +82,25 @@ class ConfigMapSink:
         if self._api is None:
             from kubernetes import client, config  # lazy: only in a cluster
 
+            configuration = client.Configuration()  # our own: the process-wide default is left alone
             try:
-                config.load_incluster_config()
+                config.load_incluster_config(client_configuration=configuration)
             except config.ConfigException:
-                config.load_kube_config()
-            self._api = client.CoreV1Api()
+                # $KUBECONFIG now: the client's default was read when `kubernetes` was imported
+                config.load_kube_config(config_file=os.environ.get("KUBECONFIG") or None,
+                                        client_configuration=configuration, persist_config=False)
+            self._api = client.CoreV1Api(client.ApiClient(configuration))
         return self._api
+
+    def continue_from(self, history: list[Mapping[str, Any]]) -> None:
+        """Keep the run's earlier events: a new driver's first patch must not drop them."""
+        self._recent.extend(ev.to_json(e) for e in history[-ev.CONFIGMAP_MAX_EVENTS:])
 
     def read(self) -> list[dict[str, Any]]:
         """The events the ConfigMap already holds (to continue seq without a shared file)."""
         try:
-            cm = self.api().read_namespaced_config_map(self.name, self.namespace)
+            cm = self.api().read_namespaced_config_map(self.name, self.namespace,
+                                                       _request_timeout=API_TIMEOUT)
             return ev.parse_lines((cm.data or {}).get(ev.CONFIGMAP_EVENTS_KEY, ""))
         except Exception as e:  # noqa: BLE001 - best effort
             self._warn(e)
@@ -101,7 +111,8 @@ class ConfigMapSink:
         body = {"data": {ev.CONFIGMAP_STATE_KEY: json.dumps(state.to_dict(), sort_keys=True),
                          ev.CONFIGMAP_EVENTS_KEY: "\n".join(self._recent) + "\n"}}
         try:
-            self.api().patch_namespaced_config_map(self.name, self.namespace, body)
+            self.api().patch_namespaced_config_map(self.name, self.namespace, body,
+                                                   _request_timeout=API_TIMEOUT)
         except Exception as e:  # noqa: BLE001 - a status sink must never stop training
             self._warn(e)
 
@@ -110,7 +121,17 @@ class ConfigMapSink:
         if kind not in self._warned:
             self._warned.add(kind)
             log.warning("progress ConfigMap %s/%s not updated (%s: %s); training continues",
-                        self.namespace, self.name, kind, str(e).splitlines()[0][:200] if str(e) else "")
+                        self.namespace, self.name, kind, _describe(e))
+
+
+def _describe(e: Exception) -> str:
+    """One line; for an API error its status and the server's reason ("... cannot patch ...")."""
+    text = str(e).splitlines()[0] if str(e) else ""
+    try:
+        message = json.loads(getattr(e, "body", None) or "{}").get("message")
+    except (TypeError, ValueError, AttributeError):
+        message = None
+    return f"{text} {message}"[:300] if message else text[:200]
 
 
 class Emitter:
@@ -190,6 +211,7 @@ def run_sinks(run_dir: Optional[str],
         cm_history = cm.read()
         if _last_seq(cm_history) > _last_seq(history):
             history = cm_history
+        cm.continue_from(history)
         sinks.append(cm)
     return sinks, history
 
