@@ -123,6 +123,9 @@ def values_schema() -> dict[str, Any]:
         "type": "object",
         "additionalProperties": False,
         "properties": properties,
+        # JobSpec's one rule across fields (FSDP_NEEDS_GPUS); Helm merges the defaults in first.
+        "if": {"properties": {"fsdp": {"const": True}}, "required": ["fsdp"]},
+        "then": {"properties": {"gpuPerPod": {"minimum": 1}}},
     }
 
 

@@ -143,6 +143,8 @@ class JobSpec:
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
             _check_field(f.name, getattr(self, f.name))
+        if self.fsdp and not self.gpu_per_pod:
+            raise SpecError(FSDP_NEEDS_GPUS)
 
     # --- derived values (pure, used by render and by the chart parity test) ----------------
     @property
@@ -178,6 +180,11 @@ LOCAL_DEFAULTS: dict[str, Any] = {
     "learning_rate": 2e-3,
     "max_failures": 2,
 }
+
+
+#: Ray Train's FSDP wraps only GPU workers (prepare_model raises on CPU, inside the pod).
+FSDP_NEEDS_GPUS = ("--fsdp shards the model across GPUs: add --gpu-per-pod N, or leave out "
+                   "--fsdp to train on CPUs with DDP")
 
 
 def fields() -> tuple[dataclasses.Field, ...]:

@@ -196,7 +196,7 @@ _specs = st.fixed_dictionaries({
     "fsdp": st.booleans(),
     "allow_ephemeral_storage": st.booleans(),
     "active_deadline_seconds": st.one_of(st.none(), st.integers(1, 10**7)),
-})
+}).filter(lambda d: d["gpu_per_pod"] > 0 or not d["fsdp"])  # FSDP needs GPUs
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -366,6 +366,9 @@ PROBES: dict[str, list[Any]] = {
     "fsdp": [True, False],
     "allow_ephemeral_storage": [True, False],
 }
+#: The one rule across fields: FSDP needs GPUs (probed with the default gpuPerPod 0 above).
+PAIRS = [{"fsdp": True, "gpuPerPod": 1}, {"fsdp": True, "gpuPerPod": 0},
+         {"fsdp": False, "gpuPerPod": 0}]
 for _f in fields():  # every whole-number field: its minimum is the same in both
     if _f.type in ("int", "Optional[int]"):
         PROBES[_f.name] = [-1, 0, 1, 2, 10**12] + ([None] if _f.type.startswith("Optional") else [])
@@ -376,6 +379,13 @@ def test_chart_admits_exactly_what_submitter_render_admits(field: str) -> None:
     for value in PROBES[field]:
         values = {**default_values(), "name": "probe", helm_schema.camel(field): value}
         assert _chart_render(values) == _python_render(values), (field, value)
+
+
+@pytest.mark.parametrize("pair", PAIRS)
+def test_fsdp_needs_gpus_in_both(pair: dict) -> None:
+    values = {**default_values(), "name": "probe", **pair}
+    assert _chart_render(values) == _python_render(values)
+    assert (_python_render(values) == "refused") == (pair == {"fsdp": True, "gpuPerPod": 0})
 
 
 @pytest.mark.parametrize("field, value", [("name", "abc\n"), ("cpu_per_pod", "4\n")])

@@ -91,3 +91,10 @@ def test_spec_is_immutable():
     spec = JobSpec.build(name="j")
     with pytest.raises(dataclasses.FrozenInstanceError):
         spec.replicas = 3  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("values", [{"fsdp": True}, {"fsdp": True, "gpu_per_pod": 0}])
+def test_fsdp_without_gpus_is_refused_with_the_fix(values):
+    with pytest.raises(SpecError, match=r"--fsdp shards the model across GPUs: add --gpu-per-pod"):
+        JobSpec.build({"name": "j", **values})
+    assert JobSpec.build({"name": "j", "fsdp": True, "gpu_per_pod": 1}).fsdp
