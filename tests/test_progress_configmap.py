@@ -146,6 +146,36 @@ def test_a_hung_api_server_costs_an_event_the_timeout_not_the_run(monkeypatch, c
     assert [r for r in caplog.records if "timed out" in r.getMessage()]
 
 
+def test_an_unreachable_api_server_pauses_progress_patches_but_not_the_final_one():
+    now = [0.0]
+    api = CountingUnreachableApi()
+    sink = ConfigMapSink(PROGRESS, NAMESPACE, api=api, clock=lambda: now[0])
+    em = Emitter([sink])
+    started(em)                          # no answer: pause
+    for step in (10, 20, 30):
+        progress(em, step)               # paused: not even tried
+    assert api.patches == 1
+    now[0] = emitter.UNREACHABLE_PAUSE_S + 1
+    progress(em, 40)                     # the pause is over: tried again, with every event
+    assert api.patches == 2 and [e["seq"] for e in ev.parse_lines(api.last_events)] == [1, 2, 3, 4, 5]
+    em.emit("run_finished")              # how the run ended is always tried
+    assert api.patches == 3
+
+
+class CountingUnreachableApi:
+    """A CoreV1Api whose every patch fails as urllib3 does when nothing answers."""
+
+    def __init__(self) -> None:
+        self.patches, self.last_events = 0, ""
+
+    def patch_namespaced_config_map(self, name, namespace, body, **kwargs):
+        import urllib3
+
+        self.patches += 1
+        self.last_events = body["data"][ev.CONFIGMAP_EVENTS_KEY]
+        raise urllib3.exceptions.MaxRetryError(None, "/", "Connection refused")
+
+
 def test_watch_and_status_show_what_the_sink_wrote(api, kube, kubeconfig, runner):
     submitted = runner.invoke(main, ["submit", "--name", NAME, "--kubeconfig", kubeconfig])
     assert submitted.exit_code == 0, submitted.output  # the whole plan, progress ConfigMap included

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import time
 from collections import deque
 from typing import Any, Callable, Mapping, Optional, Protocol
 
@@ -27,6 +28,12 @@ ENV_CONFIGMAP = "SUBMITTER_PROGRESS_CONFIGMAP"
 ENV_NAMESPACE = "SUBMITTER_NAMESPACE"
 #: (connect, read) seconds for one ConfigMap request: a hung API server must not hang the run.
 API_TIMEOUT = (5.0, 10.0)
+#: After a request that got no answer (timeout, refused, reset), progress patches pause this
+#: long, so an unreachable API server costs one timeout per pause, not one per event. The
+#: ConfigMap holds the state and the last events, so the next patch catches up.
+UNREACHABLE_PAUSE_S = 30.0
+#: Events that are always tried: the ConfigMap must say how the run ended.
+_ALWAYS_TRY = frozenset({"run_finished", "run_failed"})
 
 
 class Sink(Protocol):
@@ -72,11 +79,14 @@ class ConfigMapSink:
     Best effort: a failure is logged (once per kind of error), never raised; training goes on.
     """
 
-    def __init__(self, name: str, namespace: str, api: Any = None) -> None:
+    def __init__(self, name: str, namespace: str, api: Any = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.name, self.namespace = name, namespace
         self._api = api
         self._recent: deque[str] = deque(maxlen=ev.CONFIGMAP_MAX_EVENTS)
         self._warned: set[str] = set()
+        self._clock = clock
+        self._paused_until = float("-inf")
 
     def api(self) -> Any:
         if self._api is None:
@@ -108,12 +118,16 @@ class ConfigMapSink:
 
     def write(self, event: Mapping[str, Any], state: ev.ProgressState) -> None:
         self._recent.append(ev.to_json(event))
+        if self._clock() < self._paused_until and event.get("type") not in _ALWAYS_TRY:
+            return
         body = {"data": {ev.CONFIGMAP_STATE_KEY: json.dumps(state.to_dict(), sort_keys=True),
                          ev.CONFIGMAP_EVENTS_KEY: "\n".join(self._recent) + "\n"}}
         try:
             self.api().patch_namespaced_config_map(self.name, self.namespace, body,
                                                    _request_timeout=API_TIMEOUT)
         except Exception as e:  # noqa: BLE001 - a status sink must never stop training
+            if getattr(e, "status", None) is None:  # no HTTP answer at all (an API error has one)
+                self._paused_until = self._clock() + UNREACHABLE_PAUSE_S
             self._warn(e)
 
     def _warn(self, e: Exception) -> None:
