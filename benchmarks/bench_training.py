@@ -1,15 +1,22 @@
-"""Throughput and recovery of the training entrypoint vs a plain PyTorch loop (not a test).
+"""Throughput and recovery of the training entrypoint vs plain PyTorch (not a test).
 
-One run, same tiny model, batch and data for all three measurements:
+Same tiny model, batch and data everywhere:
   (a) a plain single-process PyTorch loop (1 thread: what a 1-CPU Ray worker gets),
-  (b) `python -m training` with 1 worker,   (c) with 2 workers;
-then prints b/a (target >= 0.97), c/b (target >= 1.5), the time from command to first step,
-and the time from SIGKILL of one worker to the first resumed step (target <= 30 s).
+  (b) `python -m training` with 1 worker,   (c) with 2 workers,
+  (d) for reference, plain PyTorch DDP (gloo) with 2 processes and no Ray: the ceiling (c) can
+      reach on this machine;
+then prints b/a (target >= 0.97), c/b (target >= 1.5), c/d, the time from command to first
+step, and the time from SIGKILL of one worker to the first resumed step (target <= 30 s).
 
-Throughput is wall clock between progress events (steps 10..N), so data loading, event and
-all-reduce overheads count; start-up is reported separately.
+Throughput is measured in windows of 10 steps after a warm-up of 10 (from the progress events'
+timestamps for the entrypoint, so data loading, events and all-reduce count) and summarized by
+the median window: a neighbour's burst on a shared VM slows a few windows, not the estimate.
+The mean over all windows is printed too. (a)-(d) run in `--rounds` interleaved rounds ((a)
+right before and after (b)), and a ratio is the median of the per-round ratios, so the slow
+drift of a shared machine cancels out. Expect about 3 minutes a round.
+Start-up is reported separately.
 
-    python benchmarks/bench_training.py [--steps 150] [--storage DIR]
+    python benchmarks/bench_training.py [--steps 200] [--rounds 3] [--storage DIR]
 """
 
 from __future__ import annotations
@@ -18,6 +25,8 @@ import argparse
 import os
 import shutil
 import signal
+import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -30,37 +39,60 @@ sys.path.insert(0, str(ROOT))
 from training import events as ev  # noqa: E402
 
 WIKI = ROOT.parent / "shared" / "data" / "wikitext-2" / "valid.txt"
-BLOCK, BATCH, WARM = 128, 8, 10
+BLOCK, BATCH, WARM, WINDOW = 128, 8, 10, 10
 
 
 def ts(event: dict) -> float:
     return datetime.fromisoformat(event["time"].replace("Z", "+00:00")).timestamp()
 
 
-def plain_loop(steps: int, data_args: list[str]) -> float:
-    """(a) tokens/s of the same model and batch in one process, no Ray."""
+def summary(rates: list[float]) -> dict:
+    return {"median": statistics.median(rates), "mean": statistics.fmean(rates), "windows": len(rates)}
+
+
+def _blocks(data_args: list[str]):
     import torch
 
     from training.data import stdlib_files
-    from training.model import build_model, build_optimizer, build_scheduler, gpt2_config
     from training.tokens import byte_encoding, tokenize_and_chunk
 
-    torch.set_num_threads(1)
     enc = byte_encoding()
     if "--data" in data_args:
         lines = WIKI.read_text(encoding="utf-8").splitlines()
     else:
         lines = [ln for f in stdlib_files()[:200] for ln in f.read_text(errors="replace").splitlines()]
-    blocks = torch.from_numpy(tokenize_and_chunk(lines, enc, BLOCK))
+    return enc, torch.from_numpy(tokenize_and_chunk(lines, enc, BLOCK))
+
+
+def _plain_train(rank: int, world: int, steps: int, data_args: list[str], port: int,
+                 results=None) -> list[float]:
+    """The training step of training/loop.py without Ray: tokens/s of each 10-step window
+    (all ranks' tokens). With world > 1: DDP over gloo, as Ray Train sets it up on CPU."""
+    import torch
+
+    from training.model import build_model, build_optimizer, build_scheduler, gpt2_config
+
+    torch.set_num_threads(1)
+    enc, blocks = _blocks(data_args)
     torch.manual_seed(0)
     model = build_model(gpt2_config("tiny", enc.n_vocab, enc.eot_token, BLOCK))
+    if world > 1:
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                world_size=world)
+        model = torch.nn.parallel.DistributedDataParallel(model)
     opt = build_optimizer(model, 2e-3, 0.1, (0.9, 0.95))
     sched = build_scheduler(opt, 10, steps, 0.1)
-    start = None
-    for step in range(steps):
-        if step == WARM:
-            start = time.perf_counter()
-        i = (step * BATCH) % (len(blocks) - BATCH)
+    marks = []  # the time when `step` steps are done, for step = WARM, WARM + WINDOW, ...
+    for step in range(steps + 1):
+        if step >= WARM and (step - WARM) % WINDOW == 0:
+            marks.append(time.perf_counter())
+            cpu = time.process_time() if step == WARM else cpu
+        if step == steps:
+            cpu_per_step = (time.process_time() - cpu) / (steps - WARM)
+            break
+        i = ((step * world + rank) * BATCH) % (len(blocks) - BATCH)
         x = blocks[i:i + BATCH]
         loss = model(input_ids=x, labels=x).loss
         opt.zero_grad(set_to_none=True)
@@ -69,7 +101,30 @@ def plain_loop(steps: int, data_args: list[str]) -> float:
         opt.step()
         sched.step()
         loss.item()
-    return BATCH * BLOCK * (steps - WARM) / (time.perf_counter() - start)
+    rates = [BATCH * BLOCK * world * WINDOW / (b - a) for a, b in zip(marks, marks[1:])]
+    if world > 1:
+        torch.distributed.destroy_process_group()
+    if results is not None:
+        results[rank] = rates
+    return rates, cpu_per_step
+
+
+def plain_loop(steps: int, data_args: list[str]) -> dict:
+    """(a) one process, one thread."""
+    rates, cpu_per_step = _plain_train(0, 1, steps, data_args, 0)
+    return {**summary(rates), "cpu_per_step": cpu_per_step}
+
+
+def plain_ddp(steps: int, data_args: list[str], world: int = 2) -> dict:
+    """(d) `world` processes of plain PyTorch DDP (what torchrun would run), no Ray."""
+    import torch.multiprocessing as mp
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    results = mp.Manager().dict()
+    mp.spawn(_plain_train, args=(world, steps, data_args, port, results), nprocs=world)
+    return summary(results[0])
 
 
 def entrypoint(storage: Path, name: str, workers: int, steps: int, data_args: list[str],
@@ -87,13 +142,15 @@ def entrypoint(storage: Path, name: str, workers: int, steps: int, data_args: li
     t0 = time.time()
     proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     killed_at = None
+    cpu_marks: list[tuple[int, float]] = []  # (step, CPU seconds of all the workers' threads)
     while proc.poll() is None:
-        if kill_at_step and killed_at is None and events_file.exists():
-            evs = ev.parse_lines(events_file.read_text())
-            if any(e["type"] == "progress" and e["step"] >= kill_at_step for e in evs):
-                pid = _worker_pids()[-1]
-                killed_at = time.time()
-                os.kill(pid, signal.SIGKILL)
+        last = _last_progress_step(events_file)
+        if kill_at_step and killed_at is None and last >= kill_at_step:
+            pid = _worker_pids()[-1]
+            killed_at = time.time()
+            os.kill(pid, signal.SIGKILL)
+        if not kill_at_step and last >= WARM and (not cpu_marks or last > cpu_marks[-1][0]):
+            cpu_marks.append((last, _cpu_seconds(_worker_pids())))
         time.sleep(0.05)
     evs = ev.parse_lines(events_file.read_text())
     prog = [e for e in evs if e["type"] == "progress"]
@@ -101,8 +158,10 @@ def entrypoint(storage: Path, name: str, workers: int, steps: int, data_args: li
            "wall_s": time.time() - t0}
     if kill_at_step is None:
         window = [e for e in prog if e["step"] >= WARM]
-        a, b = window[0], window[-1]
-        out["tokens_per_sec"] = BATCH * BLOCK * workers * (b["step"] - a["step"]) / (ts(b) - ts(a))
+        out.update(summary([BATCH * BLOCK * workers * (b["step"] - a["step"]) / (ts(b) - ts(a))
+                            for a, b in zip(window, window[1:])]))
+        (s0, c0), (s1, c1) = cpu_marks[0], cpu_marks[-2]  # the last one may be the exit's
+        out["cpu_per_step"] = (c1 - c0) / (s1 - s0) / workers
     else:
         restart = next(e for e in evs if e["type"] == "worker_group_restarted")
         resumed = next(e for e in evs[evs.index(restart):] if e["type"] == "progress")
@@ -110,6 +169,27 @@ def entrypoint(storage: Path, name: str, workers: int, steps: int, data_args: li
                    kill_to_resumed_step_s=ts(resumed) - killed_at,
                    resumed_from=restart["resumed_from"], resumed_step=resumed["step"])
     return out
+
+
+def _last_progress_step(events_file: Path) -> int:
+    try:
+        evs = ev.parse_lines(events_file.read_text())
+    except OSError:
+        return 0
+    return max((e["step"] for e in evs if e["type"] == "progress"), default=0)
+
+
+def _cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU time of these processes (all their threads)."""
+    total = 0
+    for pid in pids:
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()
+        total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 def _worker_pids() -> list[int]:
@@ -125,26 +205,61 @@ def _worker_pids() -> list[int]:
     return pids
 
 
+def ratio(num: list[dict], den: list[dict], key: str = "median") -> tuple[float, list[float]]:
+    """Median over rounds of the per-round ratio, and the per-round ratios."""
+    per_round = [n[key] / d[key] for n, d in zip(num, den)]
+    return statistics.median(per_round), per_round
+
+
+def line(label: str, runs: list[dict], extra: str = "") -> str:
+    medians = ", ".join(f"{r['median']:,.0f}" for r in runs)
+    means = ", ".join(f"{r['mean']:,.0f}" for r in runs)
+    return f"{label:34s} median window {medians:>18s} tokens/s  (mean {means}){extra}"
+
+
+def first_steps(runs: list[dict]) -> str:
+    return "; command -> first step " + ", ".join(f"{r['first_step_s']:.1f}" for r in runs) + " s"
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--steps", type=int, default=150)
+    p.add_argument("--steps", type=int, default=200, help="steps per measurement (default 200)")
+    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds of (a)-(d)")
     p.add_argument("--storage", default=str(Path.home() / ".cache" / "submitter-bench"))
     args = p.parse_args()
+    if args.steps < WARM + 3 * WINDOW or args.rounds < 1:
+        p.error(f"--steps must be at least {WARM + 3 * WINDOW} (warm-up plus 3 windows) and "
+                "--rounds at least 1")
     storage = Path(args.storage)
     storage.mkdir(parents=True, exist_ok=True)
     data_args = ["--data", str(WIKI)] if WIKI.exists() else ["--dataset", "python-stdlib"]
     print(f"cpus: {os.cpu_count()}, data: {data_args[-1]}, tiny GPT-2, block {BLOCK}, "
-          f"batch {BATCH}/worker, {args.steps} steps", flush=True)
-    a = plain_loop(args.steps, data_args)
-    print(f"(a) plain PyTorch loop, 1 thread:  {a:10,.0f} tokens/s", flush=True)
-    b = entrypoint(storage, "bench-1w", 1, args.steps, data_args)
-    print(f"(b) entrypoint, 1 worker:          {b['tokens_per_sec']:10,.0f} tokens/s  "
-          f"(command -> first step {b['first_step_s']:.1f} s, wall {b['wall_s']:.0f} s)", flush=True)
-    c = entrypoint(storage, "bench-2w", 2, args.steps, data_args)
-    print(f"(c) entrypoint, 2 workers:         {c['tokens_per_sec']:10,.0f} tokens/s  "
-          f"(command -> first step {c['first_step_s']:.1f} s, wall {c['wall_s']:.0f} s)", flush=True)
-    print(f"b/a = {b['tokens_per_sec'] / a:.3f}   (target >= 0.97)")
-    print(f"c/b = {c['tokens_per_sec'] / b['tokens_per_sec']:.3f}   (target >= 1.5)")
+          f"batch {BATCH}/worker, {args.steps} steps, {args.rounds} round(s)", flush=True)
+    a, b, c, d = [], [], [], []
+    for r in range(args.rounds):
+        before = plain_loop(args.steps, data_args)
+        b.append(entrypoint(storage, "bench-1w", 1, args.steps, data_args))
+        after = plain_loop(args.steps, data_args)  # (a) on both sides of (b): b/a sees one moment
+        a.append({k: (before[k] + after[k]) / 2 for k in ("median", "mean", "cpu_per_step")})
+        c.append(entrypoint(storage, "bench-2w", 2, args.steps, data_args))
+        d.append(plain_ddp(args.steps, data_args))
+        print(f"round {r + 1}: a {a[-1]['median']:,.0f}  b {b[-1]['median']:,.0f}  "
+              f"c {c[-1]['median']:,.0f}  d {d[-1]['median']:,.0f} tokens/s", flush=True)
+    print(line("(a) plain PyTorch loop, 1 thread:", a))
+    print(line("(b) entrypoint, 1 worker:", b, first_steps(b)))
+    print(line("(c) entrypoint, 2 workers:", c, first_steps(c)))
+    print(line("(d) plain PyTorch DDP, 2 procs:", d))
+    cpu = ", ".join(f"{x['cpu_per_step'] * 1e3:.1f}/{y['cpu_per_step'] * 1e3:.1f}" for x, y in zip(b, a))
+    print(f"CPU per step, (b)/(a): {cpu} ms: what Ray Train adds to a step, whatever the VM's speed")
+    cpu_ratio, cpu_rounds = ratio(a, b, "cpu_per_step")
+    print(f"b/a by CPU per step = {cpu_ratio:.3f}   (rounds {', '.join(f'{x:.3f}' for x in cpu_rounds)})")
+    for name, num, den, target in (("b/a", b, a, ">= 0.97"), ("c/b", c, b, ">= 1.5"),
+                                   ("c/d", c, d, "Ray Train's cost over plain DDP"),
+                                   ("d/a", d, a, "what DDP itself scales to here")):
+        med, per_round = ratio(num, den)
+        mean_med, _ = ratio(num, den, "mean")
+        print(f"{name} = {med:.3f}   ({target}; rounds {', '.join(f'{x:.3f}' for x in per_round)}; "
+              f"by mean windows {mean_med:.3f})")
     k = entrypoint(storage, "bench-kill", 2, args.steps, data_args, kill_at_step=args.steps // 2)
     print(f"worker SIGKILL -> worker_group_restarted event: {k['kill_to_restart_event_s']:.1f} s; "
           f"-> first resumed step (step {k['resumed_step']}): {k['kill_to_resumed_step_s']:.1f} s "
