@@ -113,7 +113,8 @@ class JobSpec:
                            entrypoint=True)
     num_to_keep: int = _f(2, help="checkpoints to keep (best by val_loss)", entrypoint=True)
     seed: int = _f(1337, help="random seed", entrypoint=True)
-    fsdp: bool = _f(False, help="shard the model with FSDP instead of DDP", entrypoint=True)
+    fsdp: bool = _f(False, help="shard the model with FSDP instead of DDP (GPUs only: needs "
+                    "--gpu-per-pod)", entrypoint=True)
     allow_ephemeral_storage: bool = _f(False, help="let the entrypoint train although the "
                                        "storage path is not on a network filesystem inside the "
                                        "pod (e.g. a hostPath test volume): checkpoints may die "
