@@ -65,9 +65,10 @@ def _blocks(data_args: list[str]):
 
 
 def _plain_train(rank: int, world: int, steps: int, data_args: list[str], port: int,
-                 results=None) -> list[float]:
+                 results=None) -> tuple[list[float], float]:
     """The training step of training/loop.py without Ray: tokens/s of each 10-step window
-    (all ranks' tokens). With world > 1: DDP over gloo, as Ray Train sets it up on CPU."""
+    (all ranks' tokens) and this process's CPU seconds per step after the warm-up. With
+    world > 1: DDP over gloo, as Ray Train sets it up on CPU."""
     import torch
 
     from training.model import build_model, build_optimizer, build_scheduler, gpt2_config
@@ -86,11 +87,12 @@ def _plain_train(rank: int, world: int, steps: int, data_args: list[str], port: 
     sched = build_scheduler(opt, 10, steps, 0.1)
     marks = []  # the time when `step` steps are done, for step = WARM, WARM + WINDOW, ...
     for step in range(steps + 1):
+        if step == WARM:
+            cpu_start = time.process_time()
         if step >= WARM and (step - WARM) % WINDOW == 0:
             marks.append(time.perf_counter())
-            cpu = time.process_time() if step == WARM else cpu
         if step == steps:
-            cpu_per_step = (time.process_time() - cpu) / (steps - WARM)
+            cpu_per_step = (time.process_time() - cpu_start) / (steps - WARM)
             break
         i = ((step * world + rank) * BATCH) % (len(blocks) - BATCH)
         x = blocks[i:i + BATCH]
@@ -143,8 +145,11 @@ def entrypoint(storage: Path, name: str, workers: int, steps: int, data_args: li
     proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     killed_at = None
     cpu_marks: list[tuple[int, float]] = []  # (step, CPU seconds of all the workers' threads)
+    seen_size, last = -1, 0
     while proc.poll() is None:
-        last = _last_progress_step(events_file)
+        size = events_file.stat().st_size if events_file.exists() else 0
+        if size != seen_size:  # parse only what changed: this loop shares the CPUs it measures
+            seen_size, last = size, _last_progress_step(events_file)
         if kill_at_step and killed_at is None and last >= kill_at_step:
             pid = _worker_pids()[-1]
             killed_at = time.time()
@@ -263,7 +268,8 @@ def main() -> None:
     k = entrypoint(storage, "bench-kill", 2, args.steps, data_args, kill_at_step=args.steps // 2)
     print(f"worker SIGKILL -> worker_group_restarted event: {k['kill_to_restart_event_s']:.1f} s; "
           f"-> first resumed step (step {k['resumed_step']}): {k['kill_to_resumed_step_s']:.1f} s "
-          f"(target <= 30 s); resumed from {Path(k['resumed_from']).name}; finished: {k['ok']}")
+          f"(target <= 30 s); resumed from {Path(k['resumed_from'] or 'scratch').name}; "
+          f"finished: {k['ok']}")
     for name in ("bench-1w", "bench-2w", "bench-kill"):
         shutil.rmtree(storage / name, ignore_errors=True)
 
