@@ -20,6 +20,7 @@ Start-up is reported separately.
 """
 
 from __future__ import annotations
+from submitter.contract import naming
 
 import argparse
 import os
@@ -36,7 +37,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from training import events as ev  # noqa: E402
+from submitter.contract import events as ev  # noqa: E402
 
 WIKI = ROOT.parent / "shared" / "data" / "wikitext-2" / "valid.txt"
 BLOCK, BATCH, WARM, WINDOW = 128, 8, 10, 10
@@ -140,7 +141,7 @@ def entrypoint(storage: Path, name: str, workers: int, steps: int, data_args: li
             "--max-failures", "2", *data_args]
     if kill_at_step:
         argv += ["--checkpoint-every", str(kill_at_step // 2)]
-    events_file = storage / name / ev.EVENTS_FILE
+    events_file = storage / name / naming.EVENTS_FILE
     t0 = time.time()
     proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     killed_at = None

@@ -17,8 +17,8 @@ import click
 
 from submitter import __version__
 from submitter.cli_options import cluster_options
-from submitter.errors import SpecError, SubmitterError, UsageError
-from submitter.spec import JobSpec, defaults, flag_name
+from submitter.contract.errors import SubmitterError, UsageError
+from submitter.contract.spec import JobSpec, defaults, field_types, flag_name, parse_pairs
 
 _DEFAULTS = defaults()
 
@@ -27,21 +27,22 @@ _DEFAULTS = defaults()
 
 def spec_options(func: Callable[..., Any]) -> Callable[..., Any]:
     """Add `-f/--file` and one option per JobSpec field to a command."""
+    types = field_types()
     for f in reversed(dataclasses.fields(JobSpec)):
         meta = f.metadata
         default = _DEFAULTS[f.name]
-        shown = "" if default in (None, "", {}) else f" [default: {default}]"
+        shown = "" if default in (None, "", {}, []) else f" [default: {default}]"
         decls = [flag_name(f.name)] + ([meta["short"]] if meta["short"] else [])
-        kind = f.type.replace("Optional[", "").rstrip("]")
-        if kind == "bool":
+        kind = types[f.name]
+        if kind is bool:
             opt = click.option(f"{flag_name(f.name)}/--no-{flag_name(f.name)[2:]}", f.name,
                                default=None, help=meta["help"] + shown)
-        elif kind == "dict":
+        elif kind in (dict, list):
             opt = click.option(*decls, f.name, multiple=True, metavar=meta["metavar"],
                                help=meta["help"])
-        else:
-            ctype = {"int": int, "float": float}.get(kind, str)
-            opt = click.option(*decls, f.name, type=ctype, default=None, metavar=meta["metavar"],
+        else:  # text: JobSpec coerces and checks it (ASCII digits, ranges) with one message
+            opt = click.option(*decls, f.name, default=None,
+                               metavar=meta["metavar"] or kind.__name__.upper(),
                                help=meta["help"] + shown)
         func = opt(func)
     return click.option("-f", "--file", "job_file", type=click.Path(dir_okay=False),
@@ -74,11 +75,13 @@ def load_job_file(path: str | None) -> dict[str, Any]:
 def spec_values(options: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """Split command options into (job file values, flag overrides that were given)."""
     file_values = load_job_file(options.pop("job_file", None))
+    types = field_types()
     flags: dict[str, Any] = {}
     for f in dataclasses.fields(JobSpec):
         value = options.pop(f.name, None)
-        if f.name == "env":
-            value = _parse_env(value) if value else None
+        if types[f.name] in (dict, list):
+            value = (parse_pairs(flag_name(f.name), value) if types[f.name] is dict
+                     else list(value)) if value else None
         if value is not None:
             flags[f.name] = value
     if "env" in flags and isinstance(file_values.get("env"), dict):
@@ -89,16 +92,6 @@ def spec_values(options: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]
 def build_spec(options: dict[str, Any]) -> JobSpec:
     file_values, flags = spec_values(options)
     return JobSpec.build(file_values, **flags)
-
-
-def _parse_env(pairs: tuple[str, ...]) -> dict[str, str]:
-    env = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep:
-            raise SpecError(f"--env {pair!r} must be KEY=VALUE")
-        env[key] = value
-    return env
 
 
 # --- the group ------------------------------------------------------------------------------
@@ -172,10 +165,9 @@ def render(output: str, helm_values: bool, **options: Any) -> None:
     spec = build_spec(options)
     plan = render_plan(spec)  # storage policy first: nothing is written when it refuses
     if helm_values:
-        from submitter.helm_values import helm_values as to_values
         from submitter.plan import to_yaml
 
-        click.echo(to_yaml(to_values(spec), stream=False), nl=False)
+        click.echo(to_yaml(spec.to_values(), stream=False), nl=False)
     elif output == "yaml":
         click.echo(str(plan), nl=False)
     elif output == "json":
@@ -192,7 +184,8 @@ def render(output: str, helm_values: bool, **options: Any) -> None:
 @spec_options
 @cluster_options
 @click.option("--local", is_flag=True,
-              help="run on an embedded local Ray (CPU workers = --replicas) instead of a cluster")
+              help="run the pod's command (python -m training) here, on an embedded Ray with "
+                   "CPU workers = --replicas, instead of on a cluster (needs submitter[train])")
 @click.option("--dry-run", type=click.Choice(["none", "client", "server"]), default="none",
               help="client: print the objects, change nothing; server: let the API server "
                    "validate them without persisting")

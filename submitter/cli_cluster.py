@@ -13,8 +13,8 @@ from typing import Any, Callable
 import click
 
 from submitter.cli_options import cluster_options
-from submitter.errors import UsageError
-from submitter.spec import defaults
+from submitter.contract.errors import UsageError
+from submitter.contract.spec import defaults
 
 _NAMESPACE = defaults()["namespace"]
 
@@ -37,7 +37,7 @@ def job_command(func: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _check_name(ctx: click.Context, param: click.Parameter, value: str) -> str:
-    from submitter.spec import JobSpec
+    from submitter.contract.spec import JobSpec
 
     JobSpec.build(name=value)  # raises SpecError (exit 2, one line) for an invalid name
     return value

@@ -13,22 +13,24 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Iterator, TextIO
 
-from submitter.errors import ClusterError, Conflict, CrdMissing, Forbidden, NotFound, Preflight
+from submitter.contract.errors import ClusterError, Conflict, CrdMissing, Forbidden, NotFound, Preflight
 from submitter.kube import KUBERAY_INSTALL, Kube
 from submitter.plan import Plan, to_yaml
-from submitter.render import names, render
-from submitter.spec import JobSpec
+from submitter.contract import naming
+from submitter.render import render
+from submitter.contract.spec import JobSpec
 from submitter.state import JobState, job_state, join
 
 #: Annotations on a resumed RayJob: which attempt it is and how the previous ones ended.
 ATTEMPT_ANNOTATION = "submitter.dev/attempt"
 PREVIOUS_ANNOTATION = "submitter.dev/previous-attempts"
-JOB_LABEL = "submitter.dev/job"
+JOB_LABEL = naming.JOB_LABEL
 
 
 def job_names(name: str, namespace: str) -> dict[str, str]:
     """The object names of a job, from the same function render uses (name validated)."""
-    return names(JobSpec.build(name=name, namespace=namespace))
+    spec = JobSpec.build(name=name, namespace=namespace)
+    return naming.object_names(spec.name)
 
 
 # --- submit -----------------------------------------------------------------------------------
@@ -56,7 +58,7 @@ def submit_job(spec: JobSpec, *, dry_run: str = "none", watch: bool = False, out
         return 0
     kube = kube or Kube(context=context, kubeconfig=kubeconfig)
     live = preflight(kube, spec)
-    n = names(spec)
+    n = naming.object_names(spec.name, spec.existing_pvc)
     if live is not None:
         refuse_drift(plan.get("RayJob") or {}, live, spec.namespace)
     report, applied = apply(kube, plan, dry_run=dry_run == "server")
@@ -374,7 +376,7 @@ def _print_objects(objects: list[dict], output: str, out: TextIO, compact: bool 
 
 
 def outcome(state: JobState) -> int:
-    from submitter.errors import JobFailed
+    from submitter.contract.errors import JobFailed
 
     if state.exit_code:
         detail = ", ".join(x for x in (state.reason, state.message, state.note) if x)

@@ -1,6 +1,6 @@
 """One human line per training event: the same wording in `submit --local` and `watch`.
 
-Pure formatting of the events defined in `training.events`; no I/O, no heavy imports.
+Pure formatting of the events defined in `submitter.contract.events`; no I/O, no heavy imports.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Iterator
 from urllib.parse import quote
 
-from submitter.errors import (
+from submitter.contract.errors import (
     ApiUnavailable, ClusterError, Conflict, CrdMissing, Forbidden, NotFound, UsageError,
 )
 

@@ -1,25 +1,34 @@
-"""`submitter submit --local`: the training entrypoint on an embedded local Ray.
+"""`submitter submit --local`: the pod's own command, `python -m training`, on this machine.
 
-Same code path as the RayJob (`training.driver.run`), with CPU workers = --replicas, storage in
-an absolute local directory (default `$PWD/runs`), and the events rendered live on the terminal
-(rich on a TTY, plain lines otherwise, JSON lines with `-o json`). Returns the exit code:
-0 done, 1 training failed; bad input raises UsageError subclasses (exit 2).
+The CLI never imports ray, torch or transformers: it validates the job, writes nothing, and runs
+`python -m training` as a child process with exactly the job document a pod would get
+(`$SUBMITTER_JOB`), on an embedded Ray (CPU workers = --replicas), with storage in an absolute
+local directory (default `$PWD/runs`). It follows the child's event lines and shows them live
+(rich on a TTY, plain lines otherwise, JSON lines with `-o json`); Ctrl-C is forwarded to the
+child, which records the run as interrupted. Returns the exit code: 0 done, 1 training failed,
+130 interrupted; bad input raises UsageError subclasses (exit 2) before anything starts.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
 import sys
+from dataclasses import dataclass
 from typing import Any, Mapping, Optional, TextIO
 
-from submitter.errors import StoragePolicyError, UsageError
+from submitter.contract import events as ev
+from submitter.contract.errors import StoragePolicyError, UsageError
+from submitter.contract.naming import ENV_JOB, EVENTS_FILE
+from submitter.contract.spec import LOCAL_DEFAULTS, JobSpec, normalize_keys
+from submitter.contract.stack import require_training_stack
+from submitter.contract.storage import check_local_storage
 from submitter.event_text import describe, fmt as _fmt
-from submitter.spec import LOCAL_DEFAULTS, JobSpec, normalize_keys
-from submitter.storage import check_local_storage
 
-#: Local runs report progress often: the run is short and someone is watching.
-LOCAL_PROGRESS_EVERY = 5
+#: Seconds the child gets to record an interrupted run and stop Ray after Ctrl-C.
+INTERRUPT_GRACE_S = 30.0
 
 
 def local_storage_path(file_values: Mapping[str, Any], flags: Mapping[str, Any],
@@ -38,46 +47,116 @@ def local_storage_path(file_values: Mapping[str, Any], flags: Mapping[str, Any],
             "/path/you/keep/runs") from None
 
 
-def local_spec(file_values: Mapping[str, Any], flags: Mapping[str, Any]) -> JobSpec:
-    """LOCAL_DEFAULTS < job file < flags; the storage path is handled apart (it is local)."""
-    values = {**LOCAL_DEFAULTS, **{k: v for k, v in normalize_keys(file_values).items()
-                                   if k != "storage_path"}}
+def local_spec(file_values: Mapping[str, Any], flags: Mapping[str, Any],
+               storage_path: Optional[str] = None) -> JobSpec:
+    """LOCAL_DEFAULTS < job file < flags; the storage path is the checked local one."""
+    values = {**LOCAL_DEFAULTS, **normalize_keys(file_values)}
+    values["storage_path"] = storage_path
     overrides = {k: v for k, v in flags.items() if k != "storage_path"}
     return JobSpec.build(values, **overrides)
 
 
+@dataclass
+class LocalOutcome:
+    ok: bool
+    state: ev.ProgressState
+    run_dir: str
+    error: Optional[str]
+    exit_code: int
+
+
 def run_local(file_values: Mapping[str, Any], flags: Mapping[str, Any], output: str = "text",
               stream: Optional[TextIO] = None) -> int:
-    from training.args import config_from_spec
-
     if output not in ("text", "json"):
         raise UsageError(f"-o {output} is for cluster submits; use -o text or -o json with --local")
     storage = local_storage_path(file_values, flags)
-    spec = local_spec(file_values, flags)
-    cfg = config_from_spec(spec, storage, progress_every=LOCAL_PROGRESS_EVERY)
+    spec = local_spec(file_values, flags, storage)
+    require_training_stack("submit --local")
     out = stream or sys.stdout
     view = JsonView(out) if output == "json" else (
         RichView(out) if _is_tty(out) else PlainView(out))
+    with view:
+        outcome = follow_child(spec, storage, view)
+    view.summary(outcome)
+    return outcome.exit_code
 
-    import logging
 
-    import ray
+def child_command() -> list[str]:
+    """The pod's command (the RayJob's constant entrypoint), with this interpreter."""
+    return [sys.executable, "-m", "training"]
 
-    from training import driver
 
-    driver.quiet_logs()
-    started_ray = not ray.is_initialized()
-    # the terminal shows the events only: Ray's own output stays in its log files
-    driver.ensure_ray(cfg, address="local", include_dashboard=False, log_to_driver=False,
-                      logging_level=logging.ERROR)
+def follow_child(spec: JobSpec, storage: str, view: "PlainView") -> LocalOutcome:
+    """Run `python -m training` with the job document; show its events as they come."""
+    env = {**os.environ, ENV_JOB: spec.document(), "PYTHONUNBUFFERED": "1"}
+    env.pop("RAY_ADDRESS", None)  # always an embedded Ray, never someone's cluster
+    proc = subprocess.Popen(child_command(), env=env, stdout=subprocess.PIPE, text=True,
+                            encoding="utf-8", errors="replace", bufsize=1,
+                            start_new_session=True)  # Ctrl-C reaches it once: forwarded below
+    reader = _Reader(proc, view)
+    interrupted = False
     try:
-        with view:
-            outcome = driver.run(cfg, on_event=view.event, notice=view.notice)
-        view.summary(outcome)
+        try:
+            reader.pump()
+        except KeyboardInterrupt:
+            interrupted = True
+            _interrupt(proc, reader)
+        code = proc.wait()
     finally:
-        if started_ray:
-            ray.shutdown()
-    return 0 if outcome.ok else 1
+        if proc.poll() is None:
+            _kill(proc)
+    state, run_dir = reader.state, os.path.join(storage, spec.run_name)
+    if interrupted or code in (130, -signal.SIGINT):
+        error = state.error or ("interrupted (Ctrl-C); run it again with the same name and "
+                                "storage path to continue from the last checkpoint")
+        return LocalOutcome(False, state, run_dir, error, 130)
+    ok = code == 0 and state.status == "finished"
+    error = None if ok else (state.error or f"python -m training exited with code {code}")
+    return LocalOutcome(ok, state, run_dir, error, 0 if ok else (2 if code == 2 else 1))
+
+
+class _Reader:
+    """The child's stdout: event lines fold into the state and go to the view; the rest are
+    notices (what the entrypoint says about storage, data, the model)."""
+
+    def __init__(self, proc: subprocess.Popen, view: "PlainView") -> None:
+        self.proc, self.view, self.state = proc, view, ev.ProgressState()
+
+    def pump(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            event = ev.parse_line(line) if line.startswith(ev.STDOUT_PREFIX) else None
+            if event is not None:
+                self.state = ev.apply(self.state, event)
+                self.view.event(event)
+            elif line.strip():
+                self.view.notice(line.rstrip("\n"))
+
+
+def _interrupt(proc: subprocess.Popen, reader: _Reader) -> None:
+    """Forward Ctrl-C and keep reading: the child records `run_failed` and stops its Ray.
+    If it has not ended after INTERRUPT_GRACE_S, or Ctrl-C comes again, it is killed."""
+    import threading
+
+    proc.send_signal(signal.SIGINT)
+    timer = threading.Timer(INTERRUPT_GRACE_S, _kill, args=(proc,))
+    timer.daemon = True
+    timer.start()
+    try:
+        reader.pump()
+    except KeyboardInterrupt:
+        _kill(proc)
+    finally:
+        timer.cancel()
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    """The child and everything it started (its own process group: Ray's processes too)."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
 
 
 def _is_tty(stream: TextIO) -> bool:
@@ -102,7 +181,7 @@ def summary_lines(outcome: Any) -> list[str]:
              f"checkpoints: {outcome.run_dir} ({len(kept)} kept: {', '.join(kept)})"]
     if m.get("best_checkpoint"):
         lines.append(f"best checkpoint (val_loss): {m['best_checkpoint']}")
-    lines.append(f"events: {os.path.join(outcome.run_dir, 'events.jsonl')}")
+    lines.append(f"events: {os.path.join(outcome.run_dir, EVENTS_FILE)}")
     return lines
 
 

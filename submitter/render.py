@@ -14,95 +14,44 @@ from typing import Any
 
 import yaml
 
+from submitter.contract import naming
+from submitter.contract.spec import RAY_VERSION, JobSpec
+from submitter.contract.storage import StorageDecision, check_job_storage
 from submitter.plan import Plan
-from submitter.spec import RAY_VERSION, JobSpec
-from submitter.storage import StorageDecision, check_access_mode, check_cluster_storage
 
 #: One template per object kind, in apply order (the PVC and RBAC exist before the RayJob).
 TEMPLATES = ("pvc", "serviceaccount", "role", "rolebinding", "configmap", "rayjob")
-#: Ray Train's data/config/progress sinks find these in the container's environment.
-ENV_PROGRESS_CONFIGMAP = "SUBMITTER_PROGRESS_CONFIGMAP"
-ENV_NAMESPACE = "SUBMITTER_NAMESPACE"
-CHECKPOINT_VOLUME = "checkpoints"
-
-
-def names(spec: JobSpec) -> dict[str, str]:
-    """Every object name derived from the job name (one place, so delete/watch agree)."""
-    return {
-        "rayjob": spec.name,
-        "pvc": spec.existing_pvc or f"{spec.name}-checkpoints",
-        "progress": f"{spec.name}-progress",  # ServiceAccount, Role, RoleBinding and ConfigMap
-    }
-
-
-def labels(spec: JobSpec) -> dict[str, str]:
-    return {
-        "app.kubernetes.io/name": "submitter",
-        "app.kubernetes.io/instance": spec.name,
-        "app.kubernetes.io/managed-by": "submitter",
-        "submitter.dev/job": spec.name,
-    }
+#: The RayJob's entrypoint: constant. The job's settings reach it as data (env `SUBMITTER_JOB`).
+ENTRYPOINT = "python -m training"
 
 
 def storage_decision(spec: JobSpec) -> StorageDecision:
     """Apply the storage policy (raises StoragePolicyError with the fix)."""
-    decision = check_cluster_storage(spec.resolved_storage_path, spec.storage_mount)
-    if decision.kind == "shared-mount":
-        check_access_mode(spec.storage_access_mode)
-    return decision
-
-
-def training_args(spec: JobSpec, storage_path: str) -> list[str]:
-    """The `python -m training` command line; every value is shell-safe (checked by JobSpec)."""
-    args = ["python", "-m", "training",
-            "--name", spec.name,
-            "--storage-path", storage_path,
-            "--num-workers", str(spec.num_train_workers)]
-    if spec.gpu_per_pod:
-        args.append("--use-gpu")
-    args += ["--model", spec.model,
-             "--epochs", str(spec.epochs),
-             "--batch-size-per-worker", str(spec.batch_size_per_worker),
-             "--learning-rate", repr(spec.learning_rate),
-             "--max-failures", str(spec.max_failures),
-             "--num-to-keep", str(spec.num_to_keep),
-             "--seed", str(spec.seed)]
-    if spec.max_steps_per_epoch is not None:
-        args += ["--max-steps-per-epoch", str(spec.max_steps_per_epoch)]
-    if spec.data is not None:
-        args += ["--data", spec.data]
-    else:
-        args += ["--dataset", spec.dataset]
-        if spec.dataset_config is not None:
-            args += ["--dataset-config", spec.dataset_config]
-    if spec.bpe_file is not None:
-        args += ["--bpe-file", spec.bpe_file]
-    if spec.fsdp:
-        args.append("--fsdp")
-    if spec.allow_ephemeral_storage:
-        args.append("--allow-ephemeral-storage")
-    return args
+    return check_job_storage(spec.resolved_storage_path, spec.storage_mount,
+                             spec.storage_access_mode)
 
 
 def context(spec: JobSpec) -> dict[str, Any]:
     """The template variables: the spec plus everything derived from it."""
     decision = storage_decision(spec)
-    n = names(spec)
+    n = naming.object_names(spec.name, spec.existing_pvc)
     on_pvc = decision.kind == "shared-mount"
     env = [{"name": "PYTHONUNBUFFERED", "value": "1"},
-           {"name": ENV_PROGRESS_CONFIGMAP, "value": n["progress"]},
-           {"name": ENV_NAMESPACE, "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}}]
+           {"name": naming.ENV_PROGRESS_CONFIGMAP, "value": n["progress"]},
+           {"name": naming.ENV_NAMESPACE, "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}}]
     env += [{"name": k, "value": v} for k, v in sorted(spec.env.items())]
     return {
         "spec": spec.to_dict(),
         "names": n,
-        "labels": labels(spec),
+        "labels": naming.labels(spec.name),
         "ray_version": RAY_VERSION,
         "create_pvc": on_pvc and spec.existing_pvc is None,
         "mount_pvc": on_pvc,
-        "checkpoint_volume": CHECKPOINT_VOLUME,
-        "entrypoint": " ".join(training_args(spec, decision.path)),
+        "checkpoint_volume": naming.CHECKPOINT_VOLUME,
+        "entrypoint": ENTRYPOINT,
         "env": env,
+        # the driver runs on the head: only its container carries the job document
+        "head_env": env + [{"name": naming.ENV_JOB, "value": spec.document()}],
     }
 
 

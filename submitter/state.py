@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Callable, Mapping
 
-from training.events import CONFIGMAP_EVENTS_KEY, CONFIGMAP_STATE_KEY, ProgressState, fold, parse_lines
+from submitter.contract.events import ProgressState, fold, parse_lines
+from submitter.contract.naming import CONFIGMAP_EVENTS_KEY, CONFIGMAP_STATE_KEY
 
 #: The one-word states, in the order a job normally moves through them.
 STATES = ("PENDING", "STARTING", "RUNNING", "FINISHING", "RETRYING", "SUSPENDED",

@@ -21,7 +21,7 @@ import threading
 import time
 from typing import Any, Callable, Protocol, TextIO
 
-from submitter.errors import ApiUnavailable, Forbidden, WatchTimeout
+from submitter.contract.errors import ApiUnavailable, Forbidden, WatchTimeout
 from submitter.kube import Expired, Kube, StreamDropped
 from submitter.state import JobState, configmap_events, job_state
 

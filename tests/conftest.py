@@ -1,4 +1,4 @@
-"""Shared test fixtures: where the shared data lives, and a CLI runner."""
+"""Where the shared data lives; the fixtures come from tests/support/fixtures.py."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"
 
+pytest_plugins = ["tests.support.fixtures"]
+
 
 def shared_file(*parts: str) -> Path:
     """A file from ../shared (real data, CRDs); skip the test with the reason when absent."""
@@ -16,10 +18,3 @@ def shared_file(*parts: str) -> Path:
     if not path.exists():
         pytest.skip(f"{path} is absent: the shared data folder must sit beside the project")
     return path
-
-
-@pytest.fixture
-def runner():
-    from click.testing import CliRunner
-
-    return CliRunner()

@@ -17,7 +17,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from submitter.spec import OFFLINE_DATASET
+from submitter.contract.naming import OFFLINE_DATASET
 from training.tokens import TokenizerSpec, get_encoding, is_validation_block, tokenize_and_chunk
 
 #: Rows per tokenization task: big enough to amortize, small enough to stream.

@@ -14,14 +14,17 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from submitter.storage import local_path, scheme_of
-from training import events as ev
+from submitter.contract import events as ev
+from submitter.contract import naming
+from submitter.contract.spec import JobSpec
+from submitter.contract.stack import require_training_stack as _require
+from submitter.contract.storage import local_path, scheme_of
 from training.config import TrainConfig
 
 Notice = Callable[[str], None]
 OnEvent = Callable[[dict[str, Any]], None]
-#: Logical CPUs Ray Data gets on a local Ray beside the training workers (see FACTS: without
-#: them, 2 workers on 2 CPUs hang).
+#: Logical CPUs Ray Data gets on a local Ray beside the training workers: without them, 2
+#: workers on a 2-CPU machine take every CPU and Ray Data's read tasks wait forever.
 DATA_CPUS = 2
 
 
@@ -32,6 +35,21 @@ class RunOutcome:
     events: list[dict[str, Any]] = field(default_factory=list)
     run_dir: str = ""
     error: Optional[str] = None
+
+
+def require_training_stack() -> None:
+    _require("python -m training")
+
+
+def prepare_run(spec: JobSpec, environ: Any = os.environ) -> tuple[TrainConfig, str]:
+    """The run of a job here: its storage checked where it runs (the policy, then the mounted
+    filesystem in a pod). Returns the config and a line saying where checkpoints go."""
+    from training.mounts import check_storage_here
+
+    path, line = check_storage_here(spec.resolved_storage_path, spec.storage_mount,
+                                    spec.allow_ephemeral_storage, environ,
+                                    spec.storage_access_mode)
+    return TrainConfig.from_spec(spec, path), line
 
 
 def run_dir_of(cfg: TrainConfig) -> Optional[str]:
@@ -63,7 +81,7 @@ LOCAL_RAY_ENV = {"RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0"}
 
 
 def quiet_logs() -> None:
-    """Silence what FACTS lists as noise, here and (as a setup hook) in every Ray process."""
+    """Silence Ray's per-run chatter, here and (as a setup hook) in every Ray process."""
     import importlib.util
     import warnings
 
@@ -82,14 +100,19 @@ def quiet_logs() -> None:
 
 
 def ensure_ray(cfg: TrainConfig, **init_kwargs: Any) -> None:
-    """Connect to the cluster (RAY_ADDRESS, as in a RayJob) or start a local Ray."""
+    """Connect to the cluster (RAY_ADDRESS, as in a RayJob) or start an embedded Ray whose
+    own output stays in its log files (the events are what a person reads)."""
     import ray
 
     if ray.is_initialized():
         return
     env_vars = {"RAY_DATA_LOG_LEVEL": "WARNING"}
     if init_kwargs.get("address") == "local" or not os.environ.get("RAY_ADDRESS"):
+        init_kwargs.update(address="local")
         init_kwargs.setdefault("num_cpus", local_num_cpus(cfg))
+        init_kwargs.setdefault("include_dashboard", False)
+        init_kwargs.setdefault("log_to_driver", False)
+        init_kwargs.setdefault("logging_level", logging.ERROR)
         env_vars.update(LOCAL_RAY_ENV)
     init_kwargs.setdefault("runtime_env", {"worker_process_setup_hook": "training.driver.quiet_logs",
                                            "env_vars": env_vars})
@@ -99,10 +122,7 @@ def ensure_ray(cfg: TrainConfig, **init_kwargs: Any) -> None:
 def run(cfg: TrainConfig, *, on_event: OnEvent, notice: Notice = print,
         poll_seconds: float = 0.5) -> RunOutcome:
     """Train; every event goes to the sinks and to `on_event`. Never raises for a training
-    failure (the outcome says it); raises StoragePolicyError before anything starts."""
-    from training.mounts import check_storage_here
-
-    notice(check_storage_here(cfg.storage_path, cfg.allow_ephemeral_storage))
+    failure (the outcome says it). The storage was checked by `prepare_run`."""
     quiet_logs()
     ensure_ray(cfg)
     import ray
@@ -138,9 +158,10 @@ def _start_hub(cfg: TrainConfig) -> Any:
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    from training.emitter import ENV_CONFIGMAP, ENV_NAMESPACE, RunEmitter
+    from training.emitter import RunEmitter
 
-    env = {k: os.environ[k] for k in (ENV_CONFIGMAP, ENV_NAMESPACE) if os.environ.get(k)}
+    env = {k: os.environ[k] for k in (naming.ENV_PROGRESS_CONFIGMAP, naming.ENV_NAMESPACE)
+           if os.environ.get(k)}
     here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
     actor = ray.remote(RunEmitter).options(num_cpus=0, scheduling_strategy=here,
                                            max_concurrency=1)

@@ -8,7 +8,8 @@ Who emits what:
   run_resumed (1st start that found a checkpoint: a re-submitted or restarted job).
 The emitter lives in one process (a Ray actor owned by the driver), so `seq` is monotonic; it
 continues from the events already in `events.jsonl` (or the ConfigMap), across restarts.
-Stdlib only; the ConfigMap sink imports the kubernetes client lazily.
+Stdlib only; the ConfigMap sink (`training.progress_configmap`) is the one place here that
+talks to the Kubernetes API.
 """
 
 from __future__ import annotations
@@ -16,26 +17,12 @@ from __future__ import annotations
 import json
 import logging
 import os
-import time
-from collections import deque
 from typing import Any, Callable, Mapping, Optional, Protocol
 
-from training import events as ev
+from submitter.contract import events as ev
+from submitter.contract import naming
 
-log = logging.getLogger("training.events")
-#: The plan sets these in every Ray container (submitter.render.ENV_PROGRESS_CONFIGMAP/_NAMESPACE).
-ENV_CONFIGMAP = "SUBMITTER_PROGRESS_CONFIGMAP"
-ENV_NAMESPACE = "SUBMITTER_NAMESPACE"
-#: (connect, read) seconds for one ConfigMap request: a hung API server must not hang the run.
-API_TIMEOUT = (5.0, 10.0)
-#: After a request that got no answer (timeout, refused, reset), progress patches pause this
-#: long, so an unreachable API server costs one timeout per pause, not one per event. The
-#: ConfigMap holds the state and the last events, so the next patch catches up.
-UNREACHABLE_PAUSE_S = 30.0
-#: Events that are always tried: the ConfigMap must say how the run ended.
-_ALWAYS_TRY = frozenset({"run_finished", "run_failed"})
-
-
+log = logging.getLogger("submitter.contract.events")
 class Sink(Protocol):
     def write(self, event: Mapping[str, Any], state: ev.ProgressState) -> None: ...
 
@@ -71,81 +58,6 @@ class FileSink:
                 return ev.parse_lines(f.read())
         except FileNotFoundError:
             return []
-
-
-class ConfigMapSink:
-    """Patch the job's progress ConfigMap: the folded state and the last events.
-
-    Best effort: a failure is logged (once per kind of error), never raised; training goes on.
-    """
-
-    def __init__(self, name: str, namespace: str, api: Any = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        self.name, self.namespace = name, namespace
-        self._api = api
-        self._recent: deque[str] = deque(maxlen=ev.CONFIGMAP_MAX_EVENTS)
-        self._warned: set[str] = set()
-        self._clock = clock
-        self._paused_until = float("-inf")
-
-    def api(self) -> Any:
-        if self._api is None:
-            from kubernetes import client, config  # lazy: only in a cluster
-
-            configuration = client.Configuration()  # our own: the process-wide default is left alone
-            try:
-                config.load_incluster_config(client_configuration=configuration)
-            except config.ConfigException:
-                # $KUBECONFIG now: the client's default was read when `kubernetes` was imported
-                config.load_kube_config(config_file=os.environ.get("KUBECONFIG") or None,
-                                        client_configuration=configuration, persist_config=False)
-            self._api = client.CoreV1Api(client.ApiClient(configuration))
-        return self._api
-
-    def continue_from(self, history: list[Mapping[str, Any]]) -> None:
-        """Keep the run's earlier events: a new driver's first patch must not drop them."""
-        self._recent.extend(ev.to_json(e) for e in history[-ev.CONFIGMAP_MAX_EVENTS:])
-
-    def read(self) -> list[dict[str, Any]]:
-        """The events the ConfigMap already holds (to continue seq without a shared file)."""
-        try:
-            cm = self.api().read_namespaced_config_map(self.name, self.namespace,
-                                                       _request_timeout=API_TIMEOUT)
-            return ev.parse_lines((cm.data or {}).get(ev.CONFIGMAP_EVENTS_KEY, ""))
-        except Exception as e:  # noqa: BLE001 - best effort
-            self._warn(e)
-            return []
-
-    def write(self, event: Mapping[str, Any], state: ev.ProgressState) -> None:
-        self._recent.append(ev.to_json(event))
-        if self._clock() < self._paused_until and event.get("type") not in _ALWAYS_TRY:
-            return
-        body = {"data": {ev.CONFIGMAP_STATE_KEY: json.dumps(state.to_dict(), sort_keys=True),
-                         ev.CONFIGMAP_EVENTS_KEY: "\n".join(self._recent) + "\n"}}
-        try:
-            self.api().patch_namespaced_config_map(self.name, self.namespace, body,
-                                                   _request_timeout=API_TIMEOUT)
-        except Exception as e:  # noqa: BLE001 - a status sink must never stop training
-            if getattr(e, "status", None) is None:  # no HTTP answer at all (an API error has one)
-                self._paused_until = self._clock() + UNREACHABLE_PAUSE_S
-            self._warn(e)
-
-    def _warn(self, e: Exception) -> None:
-        kind = type(e).__name__
-        if kind not in self._warned:
-            self._warned.add(kind)
-            log.warning("progress ConfigMap %s/%s not updated (%s: %s); training continues",
-                        self.namespace, self.name, kind, _describe(e))
-
-
-def _describe(e: Exception) -> str:
-    """One line; for an API error its status and the server's reason ("... cannot patch ...")."""
-    text = str(e).splitlines()[0] if str(e) else ""
-    try:
-        message = json.loads(getattr(e, "body", None) or "{}").get("message")
-    except (TypeError, ValueError, AttributeError):
-        message = None
-    return f"{text} {message}"[:300] if message else text[:200]
 
 
 class Emitter:
@@ -216,12 +128,14 @@ def run_sinks(run_dir: Optional[str],
     sinks: list[Any] = []
     history: list[dict[str, Any]] = []
     if run_dir is not None:
-        fs = FileSink(os.path.join(run_dir, ev.EVENTS_FILE))
+        fs = FileSink(os.path.join(run_dir, naming.EVENTS_FILE))
         history = fs.read()
         sinks.append(fs)
-    cm_name = environ.get(ENV_CONFIGMAP)
+    cm_name = environ.get(naming.ENV_PROGRESS_CONFIGMAP)
     if cm_name:
-        cm = ConfigMapSink(cm_name, environ.get(ENV_NAMESPACE) or "default")
+        from training.progress_configmap import ConfigMapSink
+
+        cm = ConfigMapSink(cm_name, environ.get(naming.ENV_NAMESPACE) or "default")
         cm_history = cm.read()
         if _last_seq(cm_history) > _last_seq(history):
             history = cm_history

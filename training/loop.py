@@ -77,7 +77,8 @@ def train_func(loop_config: dict[str, Any]) -> None:
     from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_state_dict,
                                                          set_state_dict)
 
-    from training.model import (build_model, build_optimizer, build_scheduler, gpt2_config)
+    from training.model import (BETAS, MIN_LR_RATIO, build_model, build_optimizer, build_scheduler,
+                                gpt2_config)
 
     cfg = TrainConfig.from_dict(loop_config["config"])
     total_steps, warmup = loop_config["total_steps"], loop_config["warmup_steps"]
@@ -99,8 +100,8 @@ def train_func(loop_config: dict[str, Any]) -> None:
             model, parallel_strategy="fsdp" if cfg.fsdp else "ddp")
     else:
         model = model.to(device)
-    optimizer = build_optimizer(model, cfg.learning_rate, cfg.weight_decay, (cfg.beta1, cfg.beta2))
-    scheduler = build_scheduler(optimizer, warmup, total_steps, cfg.min_lr_ratio)
+    optimizer = build_optimizer(model, cfg.learning_rate, cfg.weight_decay, BETAS)
+    scheduler = build_scheduler(optimizer, warmup, total_steps, MIN_LR_RATIO)
 
     state, resumed_from = None, None
     checkpoint = ray.train.get_checkpoint()

@@ -7,6 +7,11 @@ from dataclasses import dataclass
 from typing import Optional
 
 
+#: AdamW betas (GPT-2/3's) and where the cosine schedule ends (a fraction of the peak LR).
+BETAS = (0.9, 0.95)
+MIN_LR_RATIO = 0.1
+
+
 @dataclass(frozen=True)
 class Preset:
     n_layer: int

@@ -13,8 +13,9 @@ import posixpath
 from dataclasses import dataclass
 from typing import Mapping, Optional
 
-from submitter.errors import StoragePolicyError
-from submitter.storage import OBJECT_STORE_SCHEMES, check_local_storage, local_path, scheme_of
+from submitter.contract.errors import StoragePolicyError
+from submitter.contract.storage import (OBJECT_STORE_SCHEMES, check_job_storage,
+                                        check_local_storage, scheme_of)
 
 #: Filesystem types that every pod of the cluster can see (network / distributed).
 SHARED_FSTYPES = frozenset({
@@ -76,32 +77,35 @@ def is_shared(fstype: str) -> bool:
     return fstype in SHARED_FSTYPES or fstype.startswith("fuse.") or fstype.startswith("nfs")
 
 
-def check_storage_in_container(path: str, mountinfo: str, *, in_kubernetes: bool,
-                               allow_ephemeral: bool = False) -> str:
-    """Return a one-line verdict for the output, or raise StoragePolicyError with the fix."""
+def check_storage_in_container(path: str, mount: str, mountinfo: str, *, in_kubernetes: bool,
+                               allow_ephemeral: bool = False,
+                               access_mode: str = "ReadWriteMany") -> tuple[str, str]:
+    """(the storage path to use, a one-line verdict for the output), or StoragePolicyError.
+
+    In a pod the render-time policy runs again first (a chart-rendered job meets it here for
+    the first time), then the filesystem really mounted at the path is checked."""
     if scheme_of(path) in OBJECT_STORE_SCHEMES:
-        return f"storage: {path} (object store)"
+        return path, f"storage: {path} (object store)"
     if not in_kubernetes:
-        return f"storage: {check_local_storage(path)} (local directory)"
-    local = local_path(path)
-    if not local.startswith("/"):
-        raise StoragePolicyError(f"--storage-path {path!r} is relative; use the shared mount, "
-                                 "e.g. /mnt/checkpoints")
-    mount = mount_for(local, parse_mountinfo(mountinfo))
-    if mount is not None and is_shared(mount.fstype):
-        return f"storage: {local} on {mount.fstype} {mount.source} (shared)"
-    found = f"{mount.fstype} at {mount.mount_point}" if mount else "no mount"
+        local = check_local_storage(path)
+        return local, f"storage: {local} (local directory)"
+    local = check_job_storage(path, mount, access_mode).path
+    found = mount_for(local, parse_mountinfo(mountinfo))
+    if found is not None and is_shared(found.fstype):
+        return local, f"storage: {local} on {found.fstype} {found.source} (shared)"
+    where = f"{found.fstype} at {found.mount_point}" if found else "no mount"
     if allow_ephemeral:
-        return (f"storage: {local} is on {found}, which is NOT shared: checkpoints die with the "
-                "pod (allowed by --allow-ephemeral-storage)")
+        return local, (f"storage: {local} is on {where}, which is NOT shared: checkpoints die "
+                       "with the pod (allowed by --allow-ephemeral-storage)")
     raise StoragePolicyError(
-        f"--storage-path {local} is on {found}, the pod's own disk: KubeRay deletes it with the "
+        f"--storage-path {local} is on {where}, the pod's own disk: KubeRay deletes it with the "
         "pod and every checkpoint with it; mount a ReadWriteMany PVC (NFS, CephFS, EFS...) there, "
         "use s3://..., or pass --allow-ephemeral-storage to train anyway")
 
 
-def check_storage_here(path: str, allow_ephemeral: bool = False,
-                       environ: Mapping[str, str] = os.environ) -> str:
+def check_storage_here(path: str, mount: str, allow_ephemeral: bool = False,
+                       environ: Mapping[str, str] = os.environ,
+                       access_mode: str = "ReadWriteMany") -> tuple[str, str]:
     """`check_storage_in_container` for this process (reads /proc/self/mountinfo in a pod)."""
     in_k8s = bool(environ.get("KUBERNETES_SERVICE_HOST"))
     text = ""
@@ -111,5 +115,5 @@ def check_storage_here(path: str, allow_ephemeral: bool = False,
                 text = f.read()
         except OSError:
             text = ""
-    return check_storage_in_container(path, text, in_kubernetes=in_k8s,
-                                      allow_ephemeral=allow_ephemeral)
+    return check_storage_in_container(path, mount, text, in_kubernetes=in_k8s,
+                                      allow_ephemeral=allow_ephemeral, access_mode=access_mode)

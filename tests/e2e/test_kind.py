@@ -40,7 +40,7 @@ def test_the_e2e_job_file_renders_to_the_job_the_script_checks(runner):
     import json
 
     from submitter.cli import main
-    from submitter.spec import DEFAULT_IMAGE
+    from submitter.contract.spec import DEFAULT_IMAGE
 
     result = runner.invoke(main, ["submit", "-f", str(Path(__file__).with_name("tiny-job.yaml")),
                                   "--dry-run=client", "-o", "json"])
@@ -51,6 +51,9 @@ def test_the_e2e_job_file_renders_to_the_job_the_script_checks(runner):
     assert {"name": "checkpoints", "persistentVolumeClaim": {"claimName": "e2e-checkpoints"}} in head["volumes"]
     assert head["containers"][0]["image"] == DEFAULT_IMAGE
     assert head["containers"][0]["imagePullPolicy"] == "Never"  # kind load, never pulled
-    entrypoint = items["RayJob"]["spec"]["entrypoint"]
-    assert "--model tiny" in entrypoint and "--dataset python-stdlib" in entrypoint
-    assert "--dataset-config" not in entrypoint
+    assert items["RayJob"]["spec"]["entrypoint"] == "python -m training"
+    from submitter.contract.spec import JobSpec
+
+    job = JobSpec.from_document(next(e["value"] for e in head["containers"][0]["env"]
+                                     if e["name"] == "SUBMITTER_JOB"))
+    assert (job.model, job.dataset, job.dataset_config) == ("tiny", "python-stdlib", None)

@@ -1,17 +1,15 @@
 {{/*
-Helpers of the submitter chart. Each one reproduces a function of submitter/render.py or
-submitter/storage.py (named in its comment); tests/test_helm_chart.py renders this chart with
-Helm's own Go code and holds it, object by object, to `submitter render`.
-
-Like manifests/*.yaml.j2, the templates build data and print every value with toJson (JSON
-is YAML), so no value can add or change a key. Helpers that return data return JSON text:
-callers read it back with fromJson.
+Helpers of the submitter chart: names, labels and the job document. The chart holds little
+logic: values pass through to the objects (toJson: JSON is YAML, so no value can add or change
+a key), and the settings reach the pod as data, the job document in env SUBMITTER_JOB, which
+`python -m training` validates (storage policy included) before it trains.
+tests/submitter/test_helm_chart.py renders this chart with Helm's own Go code and holds it,
+object by object, to `submitter render`.
 */}}
 
 {{/*
-submitter.name: the job name (JobSpec.name): values.name, or the release name when empty.
-Checked like JobSpec, since a release name skips the values schema: DNS-1035, at most 47
-characters (KubeRay derives longer names from it).
+submitter.name: values.name, or the release name when empty. A release name skips the values
+schema, so it is checked here: DNS-1035, at most 47 characters (KubeRay derives longer names).
 */}}
 {{- define "submitter.name" -}}
 {{- $name := .Values.name | default .Release.Name -}}
@@ -24,10 +22,7 @@ characters (KubeRay derives longer names from it).
 {{- $name -}}
 {{- end -}}
 
-{{/*
-submitter.namespace: values.namespace; while it is left at JobSpec's default ("default"), the
-release namespace (helm -n), so `helm install -n team-a` puts the job in team-a.
-*/}}
+{{/* submitter.namespace: values.namespace; while left at "default", the release namespace (helm -n). */}}
 {{- define "submitter.namespace" -}}
 {{- if or (not .Values.namespace) (eq .Values.namespace "default") -}}
 {{- .Release.Namespace | default "default" -}}
@@ -36,20 +31,16 @@ release namespace (helm -n), so `helm install -n team-a` puts the job in team-a.
 {{- end -}}
 {{- end -}}
 
-{{/* Object names (render.names): a 63-character cap, as Kubernetes names and labels have. */}}
+{{/* Object names (naming.object_names). */}}
 {{- define "submitter.progressName" -}}
-{{- printf "%s-progress" (include "submitter.name" .) | trunc 63 | trimSuffix "-" -}}
+{{- printf "%s-progress" (include "submitter.name" .) -}}
 {{- end -}}
 
 {{- define "submitter.pvcName" -}}
-{{- if .Values.existingPvc -}}
-{{- .Values.existingPvc -}}
-{{- else -}}
-{{- printf "%s-checkpoints" (include "submitter.name" .) | trunc 63 | trimSuffix "-" -}}
-{{- end -}}
+{{- .Values.existingPvc | default (printf "%s-checkpoints" (include "submitter.name" .)) -}}
 {{- end -}}
 
-{{/* submitter.labels (render.labels), as JSON. managed-by is submitter, as with `submitter apply`. */}}
+{{/* submitter.labels (naming.labels), as JSON. */}}
 {{- define "submitter.labels" -}}
 {{- $name := include "submitter.name" . -}}
 {{- dict "app.kubernetes.io/name" "submitter"
@@ -67,192 +58,20 @@ labels: {{ include "submitter.labels" $root }}
 {{- end -}}
 
 {{/*
-Scalars printed the way Python's str() prints them, so both renderers build the same text.
-submitter.str: a quantity or env value, given as a string or (from YAML/--set) an integer.
+submitter.onPvc: "true" unless storagePath is an object-store URI, whose checkpoints need no
+volume. (Whether a path is durable is the pod's check, with the reason and the fix.)
 */}}
-{{- define "submitter.str" -}}
-{{- if kindIs "string" . -}}{{ . }}{{- else -}}{{ int64 . }}{{- end -}}
+{{- define "submitter.onPvc" -}}
+{{- $path := .Values.storagePath | default "" -}}
+{{- if or (hasPrefix "file://" $path) (not (regexMatch "^[a-z0-9+.-]+://[^/]" $path)) -}}true{{- end -}}
 {{- end -}}
 
-{{/*
-submitter.pyFloat: a float as Python's repr() prints it (render passes repr(learning_rate)).
-Go's %v gives the same shortest digits, but switches to an exponent from 1e+06 (Python from
-1e+16) and drops ".0" from whole numbers: those two cases are rewritten here.
-*/}}
-{{- define "submitter.pyFloat" -}}
-{{- $s := printf "%v" (float64 .) -}}
-{{- if contains "e" $s -}}
-  {{- $mantissa := index (splitList "e" $s) 0 -}}
-  {{- $exp := index (splitList "e" $s) 1 | atoi -}}
-  {{- if and (ge $exp 6) (lt $exp 16) -}}
-    {{- /* d.ddde+XX -> fixed notation: the point moves XX digits right. */ -}}
-    {{- $digits := replace "." "" $mantissa -}}
-    {{- $point := add $exp 1 | int -}}
-    {{- if le (len $digits) $point -}}
-      {{- $digits }}{{ repeat (int (sub $point (len $digits))) "0" }}.0
-    {{- else -}}
-      {{- substr 0 $point $digits }}.{{ substr $point (len $digits) $digits -}}
-    {{- end -}}
-  {{- else -}}
-    {{- $s -}}
-  {{- end -}}
-{{- else if contains "." $s -}}
-  {{- $s -}}
-{{- else -}}
-  {{- $s }}.0
-{{- end -}}
-{{- end -}}
-
-{{/*
-Path helpers (posixpath semantics, as storage.py uses).
-submitter.normpath: posixpath.normpath of an absolute path. Go's clean differs only in keeping
-no leading "//" (POSIX lets exactly two leading slashes mean something else, Python keeps them).
-*/}}
-{{- define "submitter.normpath" -}}
-{{- if and (hasPrefix "//" .) (not (hasPrefix "///" .)) -}}/{{- end -}}
-{{- clean . -}}
-{{- end -}}
-
-{{/* submitter.isUnder (storage._is_under): "true" when path (index . 0) is root (index . 1) or below it. */}}
-{{- define "submitter.isUnder" -}}
-{{- $path := index . 0 -}}
-{{- $root := index . 1 -}}
-{{- if or (eq $path $root) (hasPrefix (printf "%s/" (regexReplaceAll "/+$" $root "")) $path) -}}true{{- end -}}
-{{- end -}}
-
-{{/* submitter.mount (storage.check_mount): the normalized PVC mount point, or fail. */}}
-{{- define "submitter.mount" -}}
-{{- $mount := .Values.storageMount -}}
-{{- if not (hasPrefix "/" $mount) -}}
-{{- fail (printf "storageMount %q is not absolute; use e.g. /mnt/checkpoints" $mount) -}}
-{{- end -}}
-{{- $norm := include "submitter.normpath" $mount -}}
-{{- $system := has $norm (list "/" "/tmp" "/var/tmp" "/dev" "/dev/shm" "/proc" "/sys" "/etc" "/home" "/root" "/usr" "/bin" "/lib" "/opt" "/var" "/run") -}}
-{{- range list "/tmp" "/var/tmp" "/dev" "/proc" "/sys" -}}
-{{- if include "submitter.isUnder" (list $norm .) -}}{{- $system = true -}}{{- end -}}
-{{- end -}}
-{{- if $system -}}
-{{- fail (printf "storageMount %q is a system or scratch directory; mount the PVC on a dedicated path such as /mnt/checkpoints" $mount) -}}
-{{- end -}}
-{{- $norm -}}
-{{- end -}}
-
-{{/*
-submitter.storage (render.storage_decision + storage.check_cluster_storage): where Ray Train
-writes, as JSON {"kind": "object-store"|"shared-mount", "path": ...}. Fails, naming the fix, on
-any path that would not outlive the job: relative, ~, /tmp, Ray's default results directory,
-outside the mount, local://, file:// outside the mount; and on a PVC that is not ReadWriteMany.
-*/}}
-{{- define "submitter.storage" -}}
-{{- $mount := include "submitter.mount" . -}}
-{{- $path := .Values.storageMount -}}
-{{- if not (kindIs "invalid" .Values.storagePath) -}}{{- $path = .Values.storagePath -}}{{- end -}}
-{{- $fix := printf "use a path under the shared mount, e.g. %s/runs, or s3://bucket/runs" $mount -}}
-{{- /* urllib.parse.urlsplit: a scheme is letters, digits, + - . up to the first ":". */ -}}
-{{- $scheme := "" -}}
-{{- if contains "://" $path -}}
-{{- $scheme = regexFind "^[a-zA-Z][a-zA-Z0-9+.-]*:" $path | trimSuffix ":" | lower -}}
-{{- end -}}
-{{- $rest := $path -}}
-{{- if $scheme -}}{{- $rest = substr (len $scheme | add1 | int) (len $path) $path -}}{{- end -}}
-{{- $netloc := "" -}}
-{{- if hasPrefix "//" $rest -}}{{- $netloc = regexFind "^//[^/?#]*" $rest | trimPrefix "//" -}}{{- end -}}
-{{- $urlPath := trimPrefix (printf "//%s" $netloc) $rest -}}
-{{- $decision := dict -}}
-{{- if has $scheme (list "s3" "s3a" "gs" "gcs" "abfs" "abfss" "az" "adl" "hdfs" "viewfs" "oss" "cos") -}}
-  {{- if not $netloc -}}
-  {{- fail (printf "storagePath %q names no bucket; use e.g. %s://bucket/runs" $path $scheme) -}}
-  {{- end -}}
-  {{- $decision = dict "kind" "object-store" "path" $path -}}
-{{- else if eq $scheme "file" -}}
-  {{- $local := include "submitter.normpath" ($urlPath | default "/") -}}
-  {{- if or $netloc (not (include "submitter.isUnder" (list $local $mount))) -}}
-  {{- fail (printf "storagePath %q is a file:// path outside the shared mount %s: it lives on the pod's own disk and is deleted with the pod; use %s/... or s3://..." $path $mount $mount) -}}
-  {{- end -}}
-  {{- $decision = dict "kind" "shared-mount" "path" $local -}}
-{{- else if eq $scheme "local" -}}
-  {{- fail (printf "storagePath %q: local:// is each node's own disk, so workers' checkpoints are scattered and deleted with the pods; use %s/... or s3://bucket/runs" $path $mount) -}}
-{{- else if $scheme -}}
-  {{- fail (printf "storagePath %q: unsupported scheme %s://; use an object store (s3://, gs://, abfss://, ...) or a path under %s" $path $scheme $mount) -}}
-{{- else -}}
-  {{- /* storage._refuse_ephemeral_text, then the mount. */ -}}
-  {{- if hasPrefix "~" $path -}}
-  {{- fail (printf "storagePath %q starts with '~', which Ray and the pod do not expand (and a home directory is not durable in a pod); %s" $path $fix) -}}
-  {{- end -}}
-  {{- if not (hasPrefix "/" $path) -}}
-  {{- fail (printf "storagePath %q is relative; Ray Train fails on relative paths deep inside a run; %s" $path $fix) -}}
-  {{- end -}}
-  {{- $norm := include "submitter.normpath" $path -}}
-  {{- range list "/home/ray/ray_results" "/root/ray_results" -}}
-  {{- if include "submitter.isUnder" (list $norm .) -}}
-  {{- fail (printf "storagePath %q is Ray's default results directory on the pod's ephemeral disk; %s" $path $fix) -}}
-  {{- end -}}
-  {{- end -}}
-  {{- range list "/tmp" "/var/tmp" "/dev/shm" -}}
-  {{- if include "submitter.isUnder" (list $norm .) -}}
-  {{- fail (printf "storagePath %q is under %s, which is scratch space that does not survive a restart; %s" $path . $fix) -}}
-  {{- end -}}
-  {{- end -}}
-  {{- if not (include "submitter.isUnder" (list $norm $mount)) -}}
-  {{- fail (printf "storagePath %q is outside the shared mount %s: it would live on the pod's own disk, which KubeRay deletes after the job; use %s/... (or move the mount with storageMount), or s3://bucket/runs" $path $mount $mount) -}}
-  {{- end -}}
-  {{- $decision = dict "kind" "shared-mount" "path" $norm -}}
-{{- end -}}
-{{- if and (eq $decision.kind "shared-mount") (ne .Values.storageAccessMode "ReadWriteMany") -}}
-{{- fail (printf "storageAccessMode %s lets only one node mount the volume, but the Ray head and every worker write checkpoints; use a ReadWriteMany StorageClass (NFS, EFS, Filestore, CephFS...) or an object-store storagePath (s3://, gs://)" .Values.storageAccessMode) -}}
-{{- end -}}
-{{- toJson $decision -}}
-{{- end -}}
-
-{{/* submitter.int: an integer value (float64 when it came from YAML or JSON) as digits. */}}
-{{- define "submitter.int" -}}
-{{- int64 . -}}
-{{- end -}}
-
-{{/*
-submitter.entrypoint (render.training_args joined by spaces): the `python -m training` command.
-The values schema admits only shell-safe text for these fields, so nothing needs quoting.
-*/}}
-{{- define "submitter.entrypoint" -}}
-{{- $v := .Values -}}
-{{- $storage := include "submitter.storage" . | fromJson -}}
-{{- $replicas := int64 $v.replicas -}}
-{{- $gpus := int64 $v.gpuPerPod -}}
-{{- $workers := $replicas -}}
-{{- if gt $gpus 0 -}}{{- $workers = mul $replicas $gpus -}}{{- end -}}
-{{- $lr := float64 $v.learningRate -}}
-{{- if not (gt $lr 0.0) -}}
-{{- fail (printf "learningRate must be a positive number, got %v" $v.learningRate) -}}
-{{- end -}}
-{{- $args := list "python" "-m" "training"
-                  "--name" (include "submitter.name" .)
-                  "--storage-path" $storage.path
-                  "--num-workers" (toString $workers) -}}
-{{- if gt $gpus 0 -}}{{- $args = append $args "--use-gpu" -}}{{- end -}}
-{{- $args = concat $args (list "--model" $v.model
-                               "--epochs" (include "submitter.int" $v.epochs)
-                               "--batch-size-per-worker" (include "submitter.int" $v.batchSizePerWorker)
-                               "--learning-rate" (include "submitter.pyFloat" $lr)
-                               "--max-failures" (include "submitter.int" $v.maxFailures)
-                               "--num-to-keep" (include "submitter.int" $v.numToKeep)
-                               "--seed" (include "submitter.int" $v.seed)) -}}
-{{- if not (kindIs "invalid" $v.maxStepsPerEpoch) -}}
-{{- $args = concat $args (list "--max-steps-per-epoch" (include "submitter.int" $v.maxStepsPerEpoch)) -}}
-{{- end -}}
-{{- if not (kindIs "invalid" $v.data) -}}
-{{- $args = concat $args (list "--data" $v.data) -}}
-{{- else -}}
-{{- $args = concat $args (list "--dataset" $v.dataset) -}}
-{{- if not (kindIs "invalid" $v.datasetConfig) -}}
-{{- $args = concat $args (list "--dataset-config" $v.datasetConfig) -}}
-{{- end -}}
-{{- end -}}
-{{- if not (kindIs "invalid" $v.bpeFile) -}}
-{{- $args = concat $args (list "--bpe-file" $v.bpeFile) -}}
-{{- end -}}
-{{- if $v.fsdp -}}{{- $args = append $args "--fsdp" -}}{{- end -}}
-{{- if $v.allowEphemeralStorage -}}{{- $args = append $args "--allow-ephemeral-storage" -}}{{- end -}}
-{{- join " " $args -}}
+{{/* submitter.document: the job document (JobSpec.document): the values, name and namespace resolved. */}}
+{{- define "submitter.document" -}}
+{{- $doc := deepCopy .Values -}}
+{{- $_ := set $doc "name" (include "submitter.name" .) -}}
+{{- $_ := set $doc "namespace" (include "submitter.namespace" .) -}}
+{{- toJson $doc -}}
 {{- end -}}
 
 {{/* submitter.env (render.context "env"): the Ray containers' environment, as JSON. */}}
@@ -260,20 +79,16 @@ The values schema admits only shell-safe text for these fields, so nothing needs
 {{- $env := list (dict "name" "PYTHONUNBUFFERED" "value" "1")
                  (dict "name" "SUBMITTER_PROGRESS_CONFIGMAP" "value" (include "submitter.progressName" .))
                  (dict "name" "SUBMITTER_NAMESPACE" "valueFrom" (dict "fieldRef" (dict "fieldPath" "metadata.namespace"))) -}}
-{{- $user := .Values.env | default dict -}}
-{{- range $key := keys $user | sortAlpha -}}
-{{- $env = append $env (dict "name" $key "value" (include "submitter.str" (get $user $key))) -}}
+{{- range $key := keys (.Values.env | default dict) | sortAlpha -}}
+{{- $env = append $env (dict "name" $key "value" (get $.Values.env $key)) -}}
 {{- end -}}
 {{- toJson $env -}}
 {{- end -}}
 
-{{/*
-The checkpoint PVC is mounted at the same path on the head and every worker; an object-store
-storagePath needs no PVC. /dev/shm is a memory volume for Ray's object store. Both as JSON.
-*/}}
+{{/* The checkpoint PVC on every Ray pod (unless an object store), and /dev/shm in memory. */}}
 {{- define "submitter.volumeMounts" -}}
 {{- $mounts := list -}}
-{{- if eq (include "submitter.storage" . | fromJson).kind "shared-mount" -}}
+{{- if include "submitter.onPvc" . -}}
 {{- $mounts = list (dict "name" "checkpoints" "mountPath" .Values.storageMount) -}}
 {{- end -}}
 {{- append $mounts (dict "name" "dshm" "mountPath" "/dev/shm") | toJson -}}
@@ -281,9 +96,8 @@ storagePath needs no PVC. /dev/shm is a memory volume for Ray's object store. Bo
 
 {{- define "submitter.volumes" -}}
 {{- $volumes := list -}}
-{{- if eq (include "submitter.storage" . | fromJson).kind "shared-mount" -}}
-{{- $claim := dict "claimName" (include "submitter.pvcName" .) -}}
-{{- $volumes = list (dict "name" "checkpoints" "persistentVolumeClaim" $claim) -}}
+{{- if include "submitter.onPvc" . -}}
+{{- $volumes = list (dict "name" "checkpoints" "persistentVolumeClaim" (dict "claimName" (include "submitter.pvcName" .))) -}}
 {{- end -}}
 {{- append $volumes (dict "name" "dshm" "emptyDir" (dict "medium" "Memory")) | toJson -}}
 {{- end -}}

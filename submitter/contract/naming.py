@@ -1,0 +1,59 @@
+"""Every name both sides must agree on: objects, labels, environment variables, ConfigMap keys.
+
+The CLI derives object names and labels from a job's name; the pod finds its job document, its
+progress ConfigMap and its namespace in environment variables the plan sets. Defined once here,
+so a renamed key cannot leave one side behind.
+"""
+
+from __future__ import annotations
+
+# --- objects and labels ---------------------------------------------------------------------
+APP = "submitter"
+#: Label that names the job an object belongs to (with the ownership annotation, see below).
+JOB_LABEL = "submitter.dev/job"
+MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
+#: Name of the checkpoint volume in the Ray pods.
+CHECKPOINT_VOLUME = "checkpoints"
+
+
+def object_names(name: str, existing_pvc: str | None = None) -> dict[str, str]:
+    """Every object name derived from the job name (one place, so delete/watch/render agree)."""
+    return {
+        "rayjob": name,
+        "pvc": existing_pvc or f"{name}-checkpoints",
+        "progress": f"{name}-progress",  # ServiceAccount, Role, RoleBinding and ConfigMap
+    }
+
+
+def labels(name: str) -> dict[str, str]:
+    """The labels every object and pod of a job carries."""
+    return {
+        "app.kubernetes.io/name": APP,
+        "app.kubernetes.io/instance": name,
+        MANAGED_BY_LABEL: APP,
+        JOB_LABEL: name,
+    }
+
+
+# --- the pod's environment ----------------------------------------------------------------------
+#: The validated job settings as one JSON document (`JobSpec.document()`): what
+#: `python -m training` reads in a pod. The RayJob's entrypoint is constant.
+ENV_JOB = "SUBMITTER_JOB"
+#: The progress ConfigMap the entrypoint patches, and the namespace it lives in.
+ENV_PROGRESS_CONFIGMAP = "SUBMITTER_PROGRESS_CONFIGMAP"
+ENV_NAMESPACE = "SUBMITTER_NAMESPACE"
+#: Environment variables the plan sets itself; user --env may not override them.
+RESERVED_ENV_PREFIX = "SUBMITTER_"
+
+# --- the progress ConfigMap's keys --------------------------------------------------------------
+CONFIGMAP_STATE_KEY = "state.json"     # the folded ProgressState, JSON
+CONFIGMAP_EVENTS_KEY = "events.jsonl"  # the last CONFIGMAP_MAX_EVENTS events, JSON lines
+CONFIGMAP_MAX_EVENTS = 50
+
+# --- files under a run directory ----------------------------------------------------------------
+#: The append-only event log under `<storage_path>/<run_name>/`.
+EVENTS_FILE = "events.jsonl"
+
+# --- data -----------------------------------------------------------------------------------------
+#: The offline corpus local runs default to: the source text every Python installation has.
+OFFLINE_DATASET = "python-stdlib"

@@ -1,0 +1,139 @@
+"""JobSpec: validation, job-file handling, and 'defaults live once'."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from submitter.contract.errors import SpecError
+from submitter.contract.spec import LOCAL_DEFAULTS, JobSpec, defaults, flag_name
+
+
+def test_defaults_build_a_valid_spec_with_just_a_name():
+    spec = JobSpec.build(name="gpt2-demo")
+    assert spec.replicas == defaults()["replicas"]
+    assert spec.resolved_storage_path == spec.storage_mount
+
+
+def test_local_defaults_are_valid_fields():
+    JobSpec.build(LOCAL_DEFAULTS)
+
+
+def test_flags_override_job_file_and_kebab_keys_work():
+    spec = JobSpec.build({"name": "a", "gpu-per-pod": 2, "replicas": 3}, replicas=5, name=None)
+    assert (spec.name, spec.gpu_per_pod, spec.replicas) == ("a", 2, 5)
+
+
+@pytest.mark.parametrize("values, message", [
+    ({"name": ""}, "name is required"),
+    ({"name": "Gpt2"}, "not a valid name"),
+    ({"name": "1job"}, "not a valid name"),
+    ({"name": "a" * 48}, "at most 47"),
+    ({"name": "job-"}, "not a valid name"),
+    ({"name": "j", "namespace": "Team_A"}, "namespace"),
+    ({"name": "j", "replicas": 0}, "at least 1"),
+    ({"name": "j", "replicas": "eight"}, "whole number"),
+    ({"name": "j", "replicas": 2.5}, "whole number"),
+    ({"name": "j", "replicas": True}, "whole number"),
+    ({"name": "j", "gpu_per_pod": -1}, "at least 0"),
+    ({"name": "j", "memory_per_pod": "16 GB"}, "quantity"),
+    ({"name": "j", "cpu_per_pod": "four"}, "quantity"),
+    ({"name": "j", "model": "gpt5"}, "not one of"),
+    ({"name": "j", "image_pull_policy": "Sometimes"}, "not one of"),
+    ({"name": "j", "storage_access_mode": "RWX"}, "not one of"),
+    ({"name": "j", "existing_pvc": "My PVC"}, "PVC name"),
+    ({"name": "j", "storage_class": "Fast_SSD"}, "storage class"),
+    ({"name": "j", "learning_rate": 0}, "positive"),
+    ({"name": "j", "learning_rate": "nan"}, "must be a number"),
+    ({"name": "j", "learning_rate": float("inf")}, "finite"),
+    ({"name": "j", "env": {"1X": "v"}}, "environment variable name"),
+    ({"name": "j", "env": ["A=1"]}, "mapping"),
+    ({"name": "j", "fsdp": "yes"}, "true or false"),
+    ({"name": "j", "dataset": "--fsdp"}, "may not look like a flag"),
+    ({"name": "j", "data": "/mnt/a\nb"}, "control characters"),
+    ({"name": "j", "epochs": None}, "must have a value"),
+    ({"name": None}, "must have a value"),
+    ({"name": "j", "cpu_per_pod": "\u0664"}, "quantity"),
+    ({"name": "j", "replicas": "\u0664"}, "whole number"),
+    ({"name": "j", "max_steps_per_epoch": 2**31}, "at most 2147483647"),
+    ({"name": "j", "seed": 2**40}, "at most"),
+    ({"name": "j", "storage_size": "0"}, "more than zero"),
+    ({"name": "j", "memory_per_pod": "0Gi"}, "more than zero"),
+    ({"name": "j", "dataset": "x" * 5000}, "too long"),
+    ({"name": "j", "val_percent": 100}, "[0, 100)"),
+    ({"name": "j", "replica": 3}, "did you mean 'replicas'"),
+    ({"name": "abc\n"}, "not a valid name"),
+    ({"name": "j", "cpu_per_pod": "4\n"}, "quantity"),
+    ({"name": "j", "dataset": ""}, "empty"),
+    ({"name": "j", "bpe_file": ""}, "empty"),
+    ({"name": "j", "image": "Not An Image"}, "image"),
+])
+def test_invalid_values_are_refused_with_the_flag_named(values, message):
+    with pytest.raises(SpecError) as info:
+        JobSpec.build(values)
+    assert message in str(info.value)
+    assert "\n" not in str(info.value) and len(str(info.value)) < 300
+    assert info.value.exit_code == 2
+
+
+def test_values_that_used_to_need_shell_quoting_are_plain_data_now():
+    """The job reaches the pod as JSON, never through a shell: any text is safe to carry."""
+    spec = JobSpec.build(name="j", dataset="org/name with space",
+                         storage_path="/mnt/checkpoints/$(id);x", env={"A": "'$(rm -rf /)'"})
+    assert JobSpec.from_document(spec.document()) == spec
+
+
+def test_types_come_from_the_real_annotations():
+    from submitter.contract.spec import field_types, optional_fields
+
+    types = field_types()
+    assert types["replicas"] is int and types["learning_rate"] is float
+    assert types["max_steps_per_epoch"] is int and "max_steps_per_epoch" in optional_fields()
+    assert types["env"] is dict and types["fsdp"] is bool
+    assert JobSpec.build(name="j", max_steps_per_epoch="12").max_steps_per_epoch == 12
+    assert JobSpec.build(name="j", max_steps_per_epoch=None).max_steps_per_epoch is None
+
+
+def test_a_missing_optional_setting_in_a_document_is_null():
+    """Helm drops keys set to null; the pod reads the missing key as that null."""
+    doc = JobSpec.build(name="j", dataset_config=None).to_values()
+    del doc["datasetConfig"]
+    import json
+
+    assert JobSpec.from_document(json.dumps(doc)).dataset_config is None
+    assert JobSpec.build(doc).dataset_config == defaults()["dataset_config"]  # a job file: default
+
+
+def test_quantities_from_yaml_numbers_are_accepted():
+    spec = JobSpec.build({"name": "j", "cpu_per_pod": 8, "head_cpu": 0.5})
+    assert (spec.cpu_per_pod, spec.head_cpu) == ("8", "0.5")
+
+
+def test_worker_count_is_replicas_times_gpus_or_replicas():
+    assert JobSpec.build(name="j", replicas=8, gpu_per_pod=1).num_train_workers == 8
+    assert JobSpec.build(name="j", replicas=2, gpu_per_pod=4).num_train_workers == 8
+    assert JobSpec.build(name="j", replicas=3).num_train_workers == 3
+
+
+def test_run_name_derives_from_the_job_name_not_random():
+    assert JobSpec.build(name="gpt2-demo").run_name == "gpt2-demo"
+
+
+def test_every_field_has_help_and_a_flag():
+    for f in dataclasses.fields(JobSpec):
+        assert f.metadata["help"], f.name
+        assert flag_name(f.name).startswith("--")
+
+
+def test_spec_is_immutable():
+    spec = JobSpec.build(name="j")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        spec.replicas = 3  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("values", [{"fsdp": True}, {"fsdp": True, "gpu_per_pod": 0}])
+def test_fsdp_without_gpus_is_refused_with_the_fix(values):
+    with pytest.raises(SpecError, match=r"--fsdp shards the model across GPUs: add --gpu-per-pod"):
+        JobSpec.build({"name": "j", **values})
+    assert JobSpec.build({"name": "j", "fsdp": True, "gpu_per_pod": 1}).fsdp

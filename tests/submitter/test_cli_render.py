@@ -1,0 +1,142 @@
+"""`submitter render` and the CLI contract: flags from JobSpec, exit codes, nothing written on error."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from submitter.cli import main
+from submitter.render import render
+from submitter.contract.spec import JobSpec, flag_name
+
+
+def test_render_stdout_is_the_plan(runner):
+    result = runner.invoke(main, ["render", "--name", "gpt2-demo", "--replicas", "8", "--gpu-per-pod", "1"])
+    assert result.exit_code == 0, result.output
+    expected = render(JobSpec.build(name="gpt2-demo", replicas=8, gpu_per_pod=1))
+    assert result.stdout == str(expected)
+    assert [o["kind"] for o in yaml.safe_load_all(result.stdout)] == [
+        "PersistentVolumeClaim", "ServiceAccount", "Role", "RoleBinding", "ConfigMap", "RayJob"]
+
+
+def test_render_json_is_a_list(runner):
+    result = runner.invoke(main, ["render", "--name", "j", "-o", "json"])
+    doc = json.loads(result.stdout)
+    assert doc["kind"] == "List" and len(doc["items"]) == 6
+
+
+def test_render_directory_writes_one_file_per_object_and_a_kustomization(runner, tmp_path):
+    out = tmp_path / "manifests-out"
+    (tmp_path / "manifests-out").mkdir()
+    (out / "mine.txt").write_text("keep me")
+    result = runner.invoke(main, ["render", "--name", "gpt2-demo", "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    kustomization = yaml.safe_load((out / "kustomization.yaml").read_text())
+    assert kustomization["kind"] == "Kustomization"
+    objects = [yaml.safe_load((out / name).read_text()) for name in kustomization["resources"]]
+    assert objects == list(render(JobSpec.build(name="gpt2-demo")))
+    assert (out / "mine.txt").read_text() == "keep me"  # nothing the user made is deleted
+    assert result.stdout == ""
+
+
+def test_job_file_sets_fields_and_flags_override(runner, tmp_path):
+    job = tmp_path / "job.yaml"
+    job.write_text("name: from-file\nreplicas: 4\ngpu-per-pod: 2\nenv: {A: '1'}\n")
+    result = runner.invoke(main, ["render", "-f", str(job), "--replicas", "6", "--env", "B=2"])
+    assert result.exit_code == 0, result.output
+    expected = JobSpec.build(name="from-file", replicas=6, gpu_per_pod=2, env={"A": "1", "B": "2"})
+    assert result.stdout == str(render(expected))
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--name", "gpt2-demo", "--storage-path", "/tmp/ckpt"], ["/tmp"]),
+    (["--name", "gpt2-demo", "--storage-path", "runs"], ["relative"]),
+    (["--name", "gpt2-demo", "--storage-path", "~/ray_results"], ["starts with '~'"]),
+    (["--name", "gpt2-demo", "--storage-access-mode", "ReadWriteOnce"], ["ReadWriteMany"]),
+    (["--name", "Bad_Name"], ["--name"]),
+    (["--name", "j", "--env", "NOEQUALS"], ["KEY=VALUE"]),
+    (["--replicas", "2"], ["name is required"]),
+    (["--name", "j", "--fsdp"], ["--gpu-per-pod"]),
+])
+def test_bad_input_is_one_line_exit_2_and_nothing_on_stdout(runner, args, words, tmp_path):
+    out = tmp_path / "out"
+    for extra in ([], ["-o", str(out)]):
+        result = runner.invoke(main, ["render", *args, *extra])
+        assert result.exit_code == 2, result.output
+        assert result.stdout == ""
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+        for word in words:
+            assert word in lines[0]
+        assert "Traceback" not in result.stderr
+    assert not out.exists()
+
+
+def test_bad_job_files(runner, tmp_path):
+    cases = {"broken.yaml": "name: [unclosed", "list.yaml": "- a\n- b\n", "unknown.yaml": "nme: x\n"}
+    for filename, text in cases.items():
+        (tmp_path / filename).write_text(text)
+        result = runner.invoke(main, ["render", "-f", str(tmp_path / filename)])
+        assert result.exit_code == 2 and result.stdout == "", (filename, result.output)
+        assert len(result.stderr.strip().splitlines()) == 1
+    result = runner.invoke(main, ["render", "-f", str(tmp_path / "missing.yaml")])
+    assert result.exit_code == 2 and "cannot read job file" in result.stderr
+
+
+def test_every_jobspec_field_has_exactly_one_flag_on_render_and_submit():
+    fields = {f.name for f in dataclasses.fields(JobSpec)}
+    for command in ("render", "submit"):
+        params = {p.name for p in main.commands[command].params}
+        assert fields <= params, fields - params
+        for f in dataclasses.fields(JobSpec):
+            opt = next(p for p in main.commands[command].params if p.name == f.name)
+            assert flag_name(f.name) in opt.opts
+            assert opt.default is None or opt.multiple  # not given = the job file / JobSpec decides
+
+
+def test_namespace_has_short_flag(runner):
+    result = runner.invoke(main, ["render", "--name", "j", "-n", "ml"])
+    assert all(o["metadata"]["namespace"] == "ml" for o in yaml.safe_load_all(result.stdout))
+
+
+def test_helm_values_round_trip_to_the_same_spec(runner, tmp_path):
+    args = ["--name", "gpt2-demo", "--replicas", "8", "--gpu-per-pod", "1", "--storage-class", "nfs"]
+    result = runner.invoke(main, ["render", *args, "--helm-values"])
+    assert result.exit_code == 0, result.output
+    values = yaml.safe_load(result.stdout)
+    assert values["gpuPerPod"] == 1 and values["storageClass"] == "nfs"
+    assert JobSpec.build(values) == JobSpec.build(name="gpt2-demo", replicas=8, gpu_per_pod=1,
+                                                  storage_class="nfs")
+    (tmp_path / "values.yaml").write_text(result.stdout)  # a values file is a job file too
+    again = runner.invoke(main, ["render", "-f", str(tmp_path / "values.yaml")])
+    assert again.stdout == runner.invoke(main, ["render", *args]).stdout
+
+
+def test_help_and_render_import_no_heavy_modules():
+    code = ("import sys; from submitter.cli import main\n"
+            "try:\n    main(['render', '--name', 'j'], standalone_mode=False)\nfinally:\n"
+            "    heavy = [m for m in ('kubernetes', 'ray', 'torch', 'transformers', 'datasets')"
+            " if m in sys.modules]\n    print('HEAVY', heavy, file=sys.stderr)\n")
+    for argv in ([sys.executable, "-c", code],
+                 [sys.executable, "-c", code.replace("['render', '--name', 'j']", "['--help']")]):
+        proc = subprocess.run(argv, capture_output=True, text=True)
+        assert "HEAVY []" in proc.stderr, proc.stderr
+
+
+def test_python_dash_m_submitter_works():
+    proc = subprocess.run([sys.executable, "-m", "submitter", "--version"], capture_output=True, text=True)
+    assert proc.returncode == 0 and "0.1.0" in proc.stdout
+
+
+def test_lazy_cluster_commands_are_exactly_cli_clusters_and_import_on_their_own():
+    from submitter import cli, cli_cluster
+
+    assert sorted(cli.LAZY_COMMANDS) == sorted(c.name for c in cli_cluster.COMMANDS)
+    proc = subprocess.run([sys.executable, "-c", "import submitter.cli_cluster"], capture_output=True,
+                          text=True)
+    assert proc.returncode == 0, proc.stderr  # no circular import between the command modules

@@ -1,0 +1,425 @@
+"""The Helm chart renders what `submitter render` renders; what render refuses, the chart or the pod refuses.
+
+Rendering is Helm's own Go code (helm-python-sdk), offline. Objects are compared as parsed dicts
+keyed by (kind, name), with the job document (env SUBMITTER_JOB) compared as the settings it
+carries. The chart holds no copy of the storage policy: its values schema refuses what JSON
+Schema can express, and `python -m training` applies the whole policy to the job document
+before it trains, as `prepare_run` does here.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import json
+from typing import Any
+
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from submitter.contract import storage
+from submitter.contract.errors import SpecError, StoragePolicyError
+from submitter.contract.spec import MAX_NAME_LENGTH, JobSpec, camel, defaults, field_types, fields
+from submitter.contract.storage import OBJECT_STORE_SCHEMES, check_job_storage
+from submitter.plan import to_yaml
+from submitter.render import render
+from tests.conftest import ROOT
+from tests.support.helm import (CHART_DIR, by_key, chart, helm, job_document, normalized,
+                                render_chart, render_notes, spec_from_values)
+
+#: `helm uninstall` must keep the PVC too; `submitter render` carries the same annotation.
+KEEP = ("helm.sh/resource-policy", "keep")
+
+
+def _generator() -> Any:
+    loader = importlib.util.spec_from_file_location("chart_values", ROOT / "scripts" / "chart_values.py")
+    module = importlib.util.module_from_spec(loader)
+    loader.loader.exec_module(module)
+    return module
+
+
+def expected(spec: JobSpec) -> dict:
+    """`submitter render`'s objects, keyed and normalized as the chart's are."""
+    return normalized(by_key(copy.deepcopy(render(spec).objects)))
+
+
+def chart_objects(values: dict[str, Any], **kwargs: Any) -> dict:
+    return normalized(render_chart(values, **kwargs))
+
+
+def refusal(values: dict[str, Any], **kwargs: Any) -> str:
+    """The chart's error message for these values (the test fails if the chart renders)."""
+    with pytest.raises(helm().HelmError) as err:
+        render_chart(values, **kwargs)
+    return str(err.value)
+
+
+def _python_render(values: dict[str, Any]) -> dict | str:
+    try:
+        return expected(spec_from_values(values, release_name="rel"))
+    except (SpecError, StoragePolicyError):
+        return "refused"
+
+
+def _in_the_cluster(values: dict[str, Any]) -> dict | str:
+    """What a chart install ends in: refused by Helm, refused by the pod's checks of the job
+    document (the policy `python -m training` applies first), or the objects."""
+    try:
+        objects = render_chart(values)
+    except helm().HelmError:
+        return "refused"
+    try:
+        spec = JobSpec.from_document(job_document(objects))
+        check_job_storage(spec.resolved_storage_path, spec.storage_mount, spec.storage_access_mode)
+    except (SpecError, StoragePolicyError):
+        return "refused"
+    return normalized(objects)
+
+
+# --- parity ------------------------------------------------------------------------------------
+
+PARITY = {
+    "cpu-only": dict(name="cpu-demo"),
+    "gpus": dict(name="gpt2-demo", replicas=8, gpu_per_pod=1),
+    "existing-pvc": dict(name="shared-ckpt", existing_pvc="team-checkpoints"),
+    "object-store": dict(name="s3-demo", storage_path="s3://bucket/runs/gpt2"),
+    "storage-class": dict(name="nfs-demo", storage_class="nfs-client", storage_size="2Ti"),
+    "namespace": dict(name="ns-demo", namespace="team-a"),
+    "everything-set": dict(
+        name="full", namespace="ml", replicas=4, gpu_per_pod=2, cpu_per_pod="500m",
+        memory_per_pod="1.5Gi", head_cpu="1", head_memory="2Gi", image="reg.io/team/img:1.2",
+        image_pull_policy="Always", env={"WANDB_MODE": "offline", "A_B": 'x: "y"\n- z <&>'},
+        storage_path="/mnt/ckpt/./runs/../runs/", storage_mount="/mnt/ckpt/", storage_size="5Gi",
+        storage_class="efs.csi.aws.com", model="tiny", epochs=7, max_steps_per_epoch=40,
+        batch_size_per_worker=3, learning_rate=1e-05, data="gs://bucket/data/train.parquet",
+        bpe_file="/mnt/ckpt/gpt2.tiktoken", max_failures=0, num_to_keep=5, seed=0, fsdp=True,
+        ttl_seconds_after_finished=0, backoff_limit=0, active_deadline_seconds=86400,
+        block_size=64, warmup_steps=0, weight_decay=0.0, grad_clip=0.5, tokenizer="byte",
+        val_percent=0.0, val_steps=0, checkpoint_every=100, progress_every=1,
+        data_format="parquet", text_column="body"),
+    "file-uri-on-mount": dict(name="file-demo", storage_path="file:///mnt/checkpoints/runs"),
+    "object-store-existing-pvc": dict(name="mixed", storage_path="gs://b/r", existing_pvc="pvc-1"),
+    "no-dataset-config": dict(name="nocfg", dataset="python-stdlib", dataset_config=None),
+    "large-learning-rate": dict(name="lr", learning_rate=1234567.5),
+}
+
+
+@pytest.mark.parametrize("case", PARITY, ids=list(PARITY))
+def test_chart_renders_the_objects_of_submitter_render(case: str) -> None:
+    spec = JobSpec.build(PARITY[case])
+    assert chart_objects(spec.to_values()) == expected(spec)
+
+
+@pytest.mark.parametrize("case", PARITY, ids=list(PARITY))
+def test_values_file_from_render_helm_values_gives_the_same_objects(case: str) -> None:
+    """The user's path: `submitter render --helm-values > v.yaml; helm template -f v.yaml`,
+    the YAML parsed by Helm's parser (ints and floats come back as Go float64)."""
+    spec = JobSpec.build(PARITY[case])
+    values = helm().values_from_yaml(to_yaml(spec.to_values(), stream=False))
+    assert chart_objects(values) == expected(spec)
+
+
+def test_the_issue_workflow_end_to_end(runner) -> None:
+    """submitter render ... --helm-values > values.yaml; helm template gpt2-demo -f values.yaml."""
+    from submitter.cli import main
+
+    flags = ["render", "--name", "gpt2-demo", "--replicas", "8", "--gpu-per-pod", "1",
+             "-n", "team-a", "--learning-rate", "1e-5", "--env", "WANDB_MODE=offline"]
+    values = runner.invoke(main, [*flags, "--helm-values"])
+    objects = runner.invoke(main, flags)
+    assert values.exit_code == 0 and objects.exit_code == 0, values.output + objects.output
+    rendered = chart_objects(helm().values_from_yaml(values.stdout), release="gpt2-demo")
+    pvc = rendered[("PersistentVolumeClaim", "gpt2-demo-checkpoints")]
+    assert pvc["metadata"]["annotations"][KEEP[0]] == KEEP[1]
+    assert rendered == normalized(by_key(yaml.safe_load_all(objects.stdout)))
+
+
+def test_minimal_set_name_equals_render_with_defaults() -> None:
+    values = helm().parse_set_string("name=gpt2-demo")
+    assert chart_objects(values) == expected(JobSpec.build(name="gpt2-demo"))
+
+
+def test_empty_name_means_the_release_name() -> None:
+    assert chart_objects({}, release="from-release") == expected(JobSpec.build(name="from-release"))
+
+
+def test_set_flags_parse_like_the_cli() -> None:
+    """`--set` gives ints, and a float as a string: both reach the pod like the CLI's flags."""
+    values = helm().parse_set_string("name=d,replicas=8,gpuPerPod=1,learningRate=3e-4,"
+                                     "cpuPerPod=8")
+    spec = JobSpec.build(name="d", replicas=8, gpu_per_pod=1, learning_rate="3e-4", cpu_per_pod="8")
+    assert chart_objects(values) == expected(spec)
+
+
+# --- namespace: values.namespace, or the release namespace while it is left at the default -----
+
+def test_release_namespace_is_used_while_values_leave_the_default() -> None:
+    values = {"name": "demo"}
+    got = chart_objects(values, namespace="team-a")
+    assert got == expected(spec_from_values(values, "rel", "team-a"))
+    assert {obj["metadata"]["namespace"] for obj in got.values()} == {"team-a"}
+    # The chart compares against JobSpec's default: this fails if that default moves.
+    default = defaults()["namespace"]
+    assert chart_objects({"name": "demo", "namespace": default}, namespace="team-a") == got
+
+
+def test_explicit_values_namespace_wins_over_the_release_namespace() -> None:
+    spec = JobSpec.build(name="demo", namespace="team-b")
+    assert chart_objects(spec.to_values(), namespace="team-a") == expected(spec)
+
+
+def test_notes_print_the_exact_next_command() -> None:
+    notes = render_notes({"name": "demo"}, namespace="team-a")
+    assert "submitter watch demo -n team-a" in notes
+
+
+# --- the job document: every value reaches the pod unchanged ------------------------------------
+
+@settings(max_examples=150, deadline=None)
+@given(st.floats(min_value=0, exclude_min=True, allow_infinity=False))
+def test_any_positive_learning_rate_reaches_the_pod_unchanged(rate: float) -> None:
+    doc = job_document(render_chart({"name": "lr", "learningRate": rate}))
+    assert JobSpec.from_document(doc).learning_rate == rate
+
+
+# --- property: any valid spec renders the same through both renderers --------------------------
+
+_printable = st.characters(blacklist_categories=("Cs", "Cc"), blacklist_characters="\x00") | \
+    st.sampled_from("\n\t\"'\\:{}[]#&*!|>%@`<")
+_word = st.from_regex(r"\A[a-z][a-z0-9]{0,8}\Z")
+_specs = st.fixed_dictionaries({
+    "name": st.from_regex(r"\A[a-z]([-a-z0-9]{0,30}[a-z0-9])?\Z"),
+    "namespace": st.sampled_from(["default", "team-a", "x"]),
+    "replicas": st.integers(1, 512),
+    "gpu_per_pod": st.integers(0, 8),
+    "cpu_per_pod": st.sampled_from(["4", "500m", "0.5", "64"]),
+    "memory_per_pod": st.sampled_from(["16Gi", "512Mi", "1.5G"]),
+    "env": st.dictionaries(st.from_regex(r"\A[A-Z][A-Z0-9_]{0,10}\Z").filter(
+        lambda key: not key.startswith("SUBMITTER_")), st.text(_printable), max_size=4),
+    "storage_path": st.one_of(st.none(), st.sampled_from(
+        ["s3://b/r", "gs://b", "/mnt/checkpoints/x", "file:///mnt/checkpoints/y//z/"])),
+    "existing_pvc": st.one_of(st.none(), _word),
+    "storage_class": st.one_of(st.none(), _word),
+    "epochs": st.integers(1, 10**6),
+    "max_steps_per_epoch": st.one_of(st.none(), st.integers(1, 2**31 - 1)),
+    "learning_rate": st.floats(min_value=1e-9, max_value=10.0),
+    "data": st.one_of(st.none(), st.sampled_from(["/mnt/checkpoints/d.txt", "s3://b/d/"])),
+    "dataset_config": st.one_of(st.none(), _word),
+    "seed": st.integers(0, 2**31 - 1),
+    "fsdp": st.booleans(),
+    "allow_ephemeral_storage": st.booleans(),
+    "active_deadline_seconds": st.one_of(st.none(), st.integers(1, 10**7)),
+}).filter(lambda d: d["gpu_per_pod"] > 0 or not d["fsdp"])  # FSDP needs GPUs
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_specs)
+def test_any_valid_spec_renders_the_same_objects(data: dict[str, Any]) -> None:
+    spec = JobSpec.build(data)
+    assert chart_objects(spec.to_values()) == expected(spec)
+
+
+# --- storage policy: what render refuses, the chart's schema or the pod refuses -----------------
+
+STORAGE_PATHS = [
+    # refused
+    "runs", "./runs", "~/ray_results", "~/runs", "/tmp/ckpt", "/tmp", "/var/tmp/x", "/dev/shm/x",
+    "/home/ray/ray_results", "/home/ray/ray_results/x", "/root/ray_results", "/data/runs",
+    "/mnt/checkpoints-other", "/mnt/checkpoints/../x", "//mnt/checkpoints/x", "local:///mnt/x",
+    "file:///tmp/x", "file://host/mnt/checkpoints", "file:///data", "ftp://host/x", "http://h/x",
+    "s3://", "s3:///nobucket", "S3:x://y", "S3://Bucket/x",
+    # accepted
+    "/mnt/checkpoints", "/mnt/checkpoints/", "/mnt/checkpoints/a/../b", "/mnt/checkpoints//x",
+    "///mnt/checkpoints/x", "file:///mnt/checkpoints", "file:///mnt/checkpoints/x/./y",
+    "/mnt/checkpoints/a://b", "abfss://c@acct.dfs.core.windows.net/runs",
+] + [f"{scheme}://bucket/runs" for scheme in sorted(OBJECT_STORE_SCHEMES)]
+
+
+@pytest.mark.parametrize("path", STORAGE_PATHS)
+def test_storage_policy_decides_like_submitter_render(path: str) -> None:
+    values = {"name": "pol", "storagePath": path}
+    assert _in_the_cluster(values) == _python_render(values)
+
+
+@pytest.mark.parametrize("path", ["runs", "~/runs", "/tmp/ckpt", "/home/ray/ray_results/x",
+                                  "local:///mnt/x", "s3:///nobucket", "file:///tmp/x"])
+def test_the_values_schema_refuses_what_a_pattern_can_say(path: str) -> None:
+    assert "storagePath" in refusal({"name": "pol", "storagePath": path})
+
+
+# Every system and scratch directory storage.py knows, so a new one there fails here first.
+MOUNTS = sorted({*storage._SYSTEM_DIRS, *(d + "/x" for d in storage._SCRATCH_TREES),
+                 "/mnt/x", "/data", "/home/ray", "/home/x/", "//", "relative/mnt", "/mnt/a/../b"})
+
+
+@pytest.mark.parametrize("mount", MOUNTS)
+def test_storage_mount_is_checked_like_submitter_render(mount: str) -> None:
+    values = {"name": "mnt", "storageMount": mount}
+    assert _in_the_cluster(values) == _python_render(values)
+
+
+@pytest.mark.parametrize("mode", ["ReadWriteOnce", "ReadOnlyMany", "ReadWriteOncePod"])
+def test_a_pvc_that_is_not_read_write_many_is_refused(mode: str) -> None:
+    for values in ({"name": "demo", "storageAccessMode": mode},
+                   {"name": "demo", "storageAccessMode": mode, "existingPvc": "old"}):
+        assert _in_the_cluster(values) == _python_render(values) == "refused"
+    # An object store needs no PVC, so the access mode does not matter (as in render).
+    spec = JobSpec.build(name="demo", storage_access_mode=mode, storage_path="s3://b/r")
+    assert chart_objects(spec.to_values()) == expected(spec)
+
+
+def test_chart_refuses_a_release_name_kuberay_cannot_take() -> None:
+    too_long = "a" * (MAX_NAME_LENGTH + 1)
+    with pytest.raises(SpecError):
+        JobSpec.build(name=too_long)
+    assert f"at most {MAX_NAME_LENGTH}" in refusal({}, release=too_long)
+    assert render_chart({}, release="a" * MAX_NAME_LENGTH)  # the limit itself is fine
+    assert "not a valid name" in refusal({}, release="1abc")
+
+
+# --- only the job's own objects ----------------------------------------------------------------
+
+def test_objects_carry_render_labels_and_no_owner_references() -> None:
+    for obj in render_chart({"name": "demo"}).values():
+        assert "ownerReferences" not in obj["metadata"]
+        assert obj["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "submitter"
+        assert not any(k.startswith("helm.sh/") for k in obj["metadata"]["labels"])
+
+
+@pytest.mark.parametrize("values", [{"existingPvc": "mine"}, {"storagePath": "s3://b/r"}])
+def test_pvc_only_when_the_job_creates_it(values: dict) -> None:
+    kinds = {kind for kind, _ in render_chart({"name": "demo", **values})}
+    assert "PersistentVolumeClaim" not in kinds and "RayJob" in kinds
+    created = render_chart({"name": "demo"})[("PersistentVolumeClaim", "demo-checkpoints")]
+    assert dict([KEEP]).items() <= created["metadata"]["annotations"].items()
+
+
+# --- defaults live once: values.yaml and values.schema.json come from JobSpec -----------------
+
+def default_values() -> dict[str, Any]:
+    return {camel(k): v for k, v in defaults().items()}
+
+
+def test_values_yaml_holds_exactly_jobspec_defaults() -> None:
+    parsed = yaml.safe_load((CHART_DIR / "values.yaml").read_text())
+    assert parsed == default_values()
+    assert list(parsed) == list(default_values())  # same order as JobSpec's fields
+
+
+def test_values_schema_has_exactly_jobspec_keys_and_no_others() -> None:
+    schema = json.loads((CHART_DIR / "values.schema.json").read_text())
+    assert set(schema["properties"]) == set(default_values())
+    assert schema["additionalProperties"] is False
+    with pytest.raises(helm().HelmError, match="nmae"):
+        render_chart({"nmae": "typo"})
+
+
+def test_committed_chart_files_are_the_generated_ones() -> None:
+    """Run `python scripts/chart_values.py` after changing JobSpec."""
+    generator = _generator()
+    assert (CHART_DIR / "values.yaml").read_text() == generator.values_yaml()
+    assert (CHART_DIR / "values.schema.json").read_text() == generator.schema_json()
+
+
+def test_every_key_is_documented() -> None:
+    lines = (CHART_DIR / "values.yaml").read_text().splitlines()
+    for key in default_values():
+        at = next(i for i, line in enumerate(lines) if line.startswith(f"{key}:"))
+        assert lines[at - 1].startswith("# -- "), key
+
+
+# What the chart admits and the pod accepts is exactly what `submitter render` admits, with the
+# same objects. Candidates are of the field's own type: JobSpec also coerces "8" to 8 for
+# flags, but Helm values are typed.
+PROBES: dict[str, list[Any]] = {
+    "name": ["", "a", "gpt2-demo", "a" * 47, "a" * 48, "Demo", "1abc", "abc-", "a_b", "a.b"],
+    "namespace": ["default", "team-a", "0ns", "a" * 63, "a" * 64, "Team", "-a", "a.b", ""],
+    "cpu_per_pod": ["4", "500m", "0.5", ".5", "1.5Gi", 4, "four", "4 ", "-1", "1e3", "", "0",
+                    "0m", 0, "\u0664"],
+    "image": ["img", "reg.io/team/img:1.2", "img@sha256:abc", "Img", "img:tag latest", ""],
+    "image_pull_policy": ["Always", "IfNotPresent", "Never", "always", ""],
+    "env": [{}, {"A": "1"}, {"_x": ""}, {"1A": "x"}, {"A-B": "x"},
+            {"SUBMITTER_X": "x"}, {"A": "a\x00b"}, {"A": 'x: "y"\n- z'}],
+    "storage_path": [None, "/mnt/checkpoints/x", "s3://b/r", "", "/mnt/checkpoints/a b",
+                     "/mnt/checkpoints/$(x)", "/mnt/checkpoints/a;b", "~/x", "~", "/mnt/~x",
+                     "-/mnt/checkpoints"],
+    "storage_mount": ["/mnt/x", "", "/mnt/a b", "/mnt/\u00fc", "~/mnt"],
+    "storage_class": [None, "nfs", "efs.csi.aws.com", "", "NFS", "a_b"],
+    "storage_access_mode": ["ReadWriteMany", "ReadWriteOnce", "ReadOnlyMany", "ReadWriteOncePod",
+                            "RWX"],
+    "existing_pvc": [None, "pvc-1", "", "PVC", "a" * 253, "a" * 254],
+    "model": ["gpt2-small", "tiny", "gpt2-xl"],
+    "dataset": ["Salesforce/wikitext", "", "a b", "x'y", "--fsdp", " x", "a\tb"],
+    "dataset_config": [None, "wikitext-103-raw-v1", "", "a;b", "-x"],
+    "data_format": ["auto", "text", "parquet", "jsonl", "csv"],
+    "tokenizer": ["auto", "gpt2", "byte", "bpe"],
+    "learning_rate": [6e-4, 1, 0.0, -1e-3, 1e300],
+    "weight_decay": [0.0, 0.1, -0.1],
+    "val_percent": [0.0, 5.0, 99.5, 100.0, -1.0],
+}
+for _f in fields():  # every yes/no and whole-number field: both sides agree at the bounds
+    _kind = field_types()[_f.name]
+    if _kind is bool:
+        PROBES[_f.name] = [True, False]
+    elif _kind is int:
+        PROBES[_f.name] = [-1, 0, 1, 2, 2**31 - 1, 2**31, 10**12] + (
+            [None] if defaults()[_f.name] is None else [])
+#: The one rule across fields: FSDP needs GPUs (probed with the default gpuPerPod 0 above).
+PAIRS = [{"fsdp": True, "gpuPerPod": 1}, {"fsdp": True, "gpuPerPod": 0},
+         {"fsdp": False, "gpuPerPod": 0}]
+
+
+@pytest.mark.parametrize("field", sorted(PROBES))
+def test_chart_and_pod_admit_exactly_what_submitter_render_admits(field: str) -> None:
+    for value in PROBES[field]:
+        values = {**default_values(), "name": "probe", camel(field): value}
+        assert _in_the_cluster(values) == _python_render(values), (field, value)
+
+
+@pytest.mark.parametrize("pair", PAIRS)
+def test_fsdp_needs_gpus_in_both(pair: dict) -> None:
+    values = {**default_values(), "name": "probe", **pair}
+    assert _in_the_cluster(values) == _python_render(values)
+    assert (_python_render(values) == "refused") == (pair == {"fsdp": True, "gpuPerPod": 0})
+
+
+@pytest.mark.parametrize("field, value", [("name", "abc\n"), ("cpu_per_pod", "4\n")])
+def test_a_trailing_newline_is_refused_by_both(field: str, value: str) -> None:
+    values = {**default_values(), "name": "probe", camel(field): value}
+    assert _in_the_cluster(values) == _python_render(values) == "refused"
+
+
+def test_every_jobspec_field_is_probed() -> None:
+    same_check = {"memory_per_pod": "cpu_per_pod", "head_cpu": "cpu_per_pod",
+                  "head_memory": "cpu_per_pod", "storage_size": "cpu_per_pod",
+                  "data": "dataset_config", "bpe_file": "dataset_config", "text_column": "dataset",
+                  "grad_clip": "weight_decay"}
+    assert set(PROBES) | set(same_check) == {f.name for f in fields()}
+    checks = {f.name: f.metadata["check"] for f in fields()}
+    for twin, same in same_check.items():
+        assert checks[twin].schema == checks[same].schema, twin
+
+
+# --- lint ---------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("values", [None, {"name": "demo", "replicas": 8, "gpuPerPod": 1}])
+def test_chart_lints_clean(values: dict | None) -> None:
+    report = helm().lint(str(CHART_DIR), values, strict=True, kube_version="v1.30.0")
+    assert report["errors"] == []
+    # Only the INFO "icon is recommended": we have no icon to point at.
+    assert [m for m in report["messages"] if m["severity"] >= 2] == []
+
+
+def test_packaged_chart_renders_the_same(tmp_path) -> None:
+    archive = helm().package(str(CHART_DIR), destination=str(tmp_path))
+    packaged = helm().Chart.load(archive)
+    values = JobSpec.build(PARITY["gpus"]).to_values()
+    assert packaged.render(values, name="rel") == chart().render(values, name="rel")
+
+
+def test_chart_metadata() -> None:
+    meta = chart().metadata
+    assert meta["name"] == "submitter" and meta["appVersion"] == "0.1.0"
+    assert (CHART_DIR / ".helmignore").is_file()

@@ -1,0 +1,235 @@
+"""`submitter submit --local`: layering, refusals, rendering, and one real run via the CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from submitter.contract.errors import SpecError, StoragePolicyError, UsageError
+from submitter import local
+from submitter.local import (JsonView, PlainView, describe, local_spec, local_storage_path,
+                             run_local, summary_lines)
+from submitter.contract.spec import LOCAL_DEFAULTS
+from submitter.contract import events as ev
+from submitter.contract import naming
+
+
+def test_local_defaults_then_job_file_then_flags():
+    spec = local_spec({}, {})
+    for key, value in LOCAL_DEFAULTS.items():
+        assert getattr(spec, key) == value, key
+    spec = local_spec({"epochs": 5, "model": "gpt2-small", "storage_path": "/x"}, {"epochs": 1},
+                      "/data/runs")
+    assert (spec.epochs, spec.model, spec.storage_path) == (1, "gpt2-small", "/data/runs")
+    with pytest.raises(SpecError):
+        local_spec({}, {"epochs": 0})
+    kebab = {"max-steps-per-epoch": 7, "storage-path": "/data/k"}  # job files may use flag spelling
+    assert local_spec(kebab, {}).max_steps_per_epoch == 7
+    assert local_storage_path(kebab, {}) == "/data/k"
+    with pytest.raises(SpecError, match="did you mean 'storage_path'"):
+        local_storage_path({"storage_pth": "/data/k"}, {})
+
+
+def test_local_storage_defaults_to_pwd_runs_and_keeps_the_policy(tmp_path):
+    assert local_storage_path({}, {}, cwd="/home/me/proj") == "/home/me/proj/runs"
+    with pytest.raises(StoragePolicyError, match=r"default storage path /tmp/x/runs .*--storage-path"):
+        local_storage_path({}, {}, cwd="/tmp/x")  # a checkout under /tmp: say what to do instead
+    assert local_storage_path({"storage_path": "/data/a"}, {}) == "/data/a"
+    assert local_storage_path({"storage_path": "/data/a"}, {"storage_path": "/data/b"}) == "/data/b"
+    for bad in ("relative/x", "~/runs", "/tmp/runs", "/root/ray_results/x"):
+        with pytest.raises(StoragePolicyError):
+            local_storage_path({}, {"storage_path": bad})
+
+
+def test_yaml_output_is_refused_before_anything_starts():
+    with pytest.raises(UsageError):
+        run_local({}, {"storage_path": "/data/x"}, output="yaml")
+
+
+@pytest.mark.parametrize("path", ["relative/x", "/tmp/x", "~/x"])
+def test_cli_refuses_a_bad_storage_path_with_one_line(runner, path):
+    from submitter.cli import main
+
+    result = runner.invoke(main, ["submit", "--local", "--storage-path", path])
+    assert result.exit_code == 2
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "--storage-path" in lines[0]
+
+
+def _event(type_, **fields):
+    return ev.make_event(type_, seq=1, **fields)
+
+
+def test_event_lines_for_humans():
+    assert "loss 3.1416" in describe(_event("progress", epoch=1, step=5, loss=3.14159,
+                                            tokens_per_sec=1234.5, lr=1e-3))
+    line = describe(_event("worker_group_restarted", attempt=1, resumed_from="/r/ck1"))
+    assert "attempt 1" in line and "/r/ck1" in line
+    assert "scratch" in describe(_event("worker_group_restarted", attempt=2, resumed_from=None))
+    assert describe(_event("epoch_finished", epoch=2, train_loss=1.0, val_loss=None,
+                           tokens_per_sec=1.0)).count("n/a") == 1
+    assert describe({"type": "something_new", "time": "t"}) is None
+
+
+def test_summary_names_the_metrics_and_the_checkpoints(tmp_path):
+    (tmp_path / "checkpoint_epoch001_step0000010").mkdir()
+    (tmp_path / "checkpoint_manager_snapshot.json").write_text("{}")
+    state = ev.ProgressState(status="finished", metrics={
+        "epoch": 1, "step": 10, "train_loss": 2.5, "val_loss": 2.25, "tokens_per_sec": 1000.0,
+        "best_checkpoint": str(tmp_path / "checkpoint_epoch001_step0000010")})
+    lines = summary_lines(SimpleNamespace(ok=True, state=state, run_dir=str(tmp_path), error=None))
+    text = "\n".join(lines)
+    assert "val_loss 2.2500" in text and "1 kept: checkpoint_epoch001_step0000010)" in text
+    assert str(tmp_path / "events.jsonl") in text
+    failed = summary_lines(SimpleNamespace(ok=False, state=state, run_dir="/r", error="boom"))
+    assert "training failed: boom" in failed[0]
+
+
+def test_json_view_prints_events_only(capsys):
+    import io
+
+    out = io.StringIO()
+    view = JsonView(out)
+    view.notice("tokenizer: byte")
+    view.event(_event("run_finished", val_loss=1.5))
+    assert json.loads(out.getvalue())["val_loss"] == 1.5
+    assert "tokenizer" in capsys.readouterr().err
+    plain = io.StringIO()
+    PlainView(plain).event(_event("checkpoint_saved", epoch=1, path="/r/ck"))
+    assert plain.getvalue() == "checkpoint saved: /r/ck\n"
+
+
+# A stand-in for `python -m training`: it checks it got the job document, prints what the
+# entrypoint prints (notices and event lines), and records an interrupted run on SIGINT.
+FAKE_ENTRYPOINT = r"""
+import json, os, signal, sys, time
+sys.path.insert(0, os.environ["FAKE_ROOT"])
+from submitter.contract import events as ev
+from submitter.contract.spec import JobSpec
+spec = JobSpec.from_document(os.environ["SUBMITTER_JOB"])
+print("storage: " + spec.storage_path + " (local directory)", flush=True)
+def emit(seq, type_, **fields):
+    print(ev.to_stdout_line(ev.make_event(type_, seq=seq, **fields)), flush=True)
+emit(1, "run_started", run_name=spec.run_name, num_workers=spec.num_train_workers,
+     storage_path=spec.storage_path, epochs=spec.epochs, steps_per_epoch=3)
+for step in range(1, 4):
+    emit(1 + step, "progress", epoch=1, step=step, loss=5.0 - step, tokens_per_sec=100.0, lr=1e-3)
+if os.environ.get("FAKE_MODE") == "hang":
+    try:
+        time.sleep(60)
+    except KeyboardInterrupt:
+        emit(5, "run_failed", error="interrupted (Ctrl-C)")
+        sys.exit(130)
+if os.environ.get("FAKE_MODE") == "fail":
+    emit(5, "run_failed", error="RuntimeError: boom")
+    sys.exit(1)
+emit(5, "run_finished", epoch=1, step=3, val_loss=1.5)
+"""
+
+
+@pytest.fixture
+def fake_entrypoint(tmp_path, monkeypatch):
+    from tests.conftest import ROOT
+
+    script = tmp_path / "fake_training.py"
+    script.write_text(FAKE_ENTRYPOINT)
+    monkeypatch.setattr(local, "child_command", lambda: [sys.executable, str(script)])
+    monkeypatch.setattr(local, "require_training_stack", lambda what: None)
+    monkeypatch.setenv("FAKE_ROOT", str(ROOT))
+    return monkeypatch
+
+
+def test_the_child_gets_the_pods_job_document_and_its_events_are_shown(runner, storage,
+                                                                       fake_entrypoint):
+    from submitter.cli import main
+
+    result = runner.invoke(main, ["submit", "--local", "--storage-path", str(storage),
+                                  "--name", "doc", "--epochs", "3"])
+    assert result.exit_code == 0, result.output
+    assert f"storage: {storage} (local directory)" in result.output  # the child's notice
+    assert "run doc started: 2 worker(s), 3 epoch(s)" in result.output
+    assert "epoch 1 step     3  loss 2.0000" in result.output
+    assert "training finished" in result.output and "final: epoch 1, step 3" in result.output
+
+
+def test_json_output_is_the_childs_events(runner, storage, fake_entrypoint):
+    from submitter.cli import main
+
+    result = runner.invoke(main, ["submit", "--local", "--storage-path", str(storage), "-o", "json"])
+    events = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    assert [e["type"] for e in events] == ["run_started"] + ["progress"] * 3 + ["run_finished"]
+
+
+def test_a_failed_run_exits_1_with_its_error(runner, storage, fake_entrypoint):
+    from submitter.cli import main
+
+    fake_entrypoint.setenv("FAKE_MODE", "fail")
+    result = runner.invoke(main, ["submit", "--local", "--storage-path", str(storage)])
+    assert result.exit_code == 1 and "training failed: RuntimeError: boom" in result.output
+
+
+def test_ctrl_c_is_forwarded_and_the_run_is_recorded_as_interrupted(storage, fake_entrypoint):
+    import io
+    import signal
+    import threading
+
+    fake_entrypoint.setenv("FAKE_MODE", "hang")
+    out = io.StringIO()
+    view = PlainView(out)
+    original = view.event
+
+    def interrupt_after_progress(event):
+        original(event)
+        if event.get("step") == 3:  # the child is training: press Ctrl-C in the CLI
+            threading.Timer(0.2, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+
+    view.event = interrupt_after_progress
+    spec = local_spec({}, {}, str(storage))
+    outcome = local.follow_child(spec, str(storage), view)
+    assert outcome.exit_code == 130 and not outcome.ok
+    assert outcome.state.status == "failed" and "interrupted" in outcome.error
+
+
+def test_without_the_training_stack_local_exits_2_with_the_pip_command(runner, monkeypatch):
+    from submitter.cli import main
+    from submitter.contract import stack
+
+    monkeypatch.setattr(stack.importlib.util, "find_spec",
+                        lambda name: None if name in ("ray", "torch") else object())
+    result = runner.invoke(main, ["submit", "--local", "--storage-path", "/data/x"])
+    assert result.exit_code == 2
+    assert "ray, torch are not installed" in result.output and 'pip install "submitter[train]"' in result.output
+
+
+@pytest.mark.slow
+def test_submit_local_runs_end_to_end_offline(storage, tmp_path):
+    """The README's main command, shortened (offline corpus, byte tokenizer, 2 CPU workers), as
+    a user runs it: the CLI process imports neither ray nor torch nor transformers."""
+    import subprocess
+
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "submitter", "submit",
+                           "--local", "--storage-path", str(storage), "--name", "cli-run",
+                           "--epochs", "2", "--max-steps-per-epoch", "15"],
+                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
+    out = proc.stdout
+    assert proc.returncode == 0, out + proc.stderr[-3000:]
+    imported = {line.split("|")[-1].strip().split(".")[0] for line in proc.stderr.splitlines()
+                if line.startswith("import time:")}
+    assert "click" in imported and not imported & {"ray", "torch", "transformers", "datasets"}
+    assert "python-stdlib:" in out and ".py files" in out and "MB" in out  # says what it used
+    assert "tokenizer: byte-level" in out
+    assert "epoch 1 done:" in out and "epoch 2 done:" in out
+    final = next(line for line in out.splitlines() if line.startswith("final:"))
+    assert "step 30" in final and "val_loss" in final
+    run_dir = storage / "cli-run"
+    assert f"checkpoints: {run_dir} (2 kept:" in out
+    events = ev.parse_lines((run_dir / naming.EVENTS_FILE).read_text())
+    assert events[0]["type"] == "run_started" and events[-1]["type"] == "run_finished"
+    losses = [e["loss"] for e in events if e["type"] == "progress"]
+    assert losses[0] > losses[-1]

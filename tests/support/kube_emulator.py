@@ -1,0 +1,518 @@
+"""A Kubernetes API server for tests: kmock's KubernetesEmulator with the gaps fixed.
+
+kmock 0.8 gives us real HTTP, request parsing and discovery; its object store answers 200 on
+create, never fills in uid/resourceVersion/namespace, never bumps resourceVersion, ignores
+`resourceVersion` on watch, and knows no server-side apply. The official client (and our code)
+relies on all of those, so this subclass keeps one versioned store of its own and serves the
+object endpoints from it:
+
+- create (201), get, list (with `kind`, `metadata.resourceVersion`, label/field selectors),
+  JSON merge patch, server-side apply (create or merge; no-op applies do not bump
+  resourceVersion), delete, `dryRun=All`, namespaces must exist for namespaced writes;
+- watch from a resourceVersion, with `timeoutSeconds`, and 410 Gone after `compact()`;
+- discovery: `/api/v1` says `groupVersion: v1`; `/api/v1/namespaces[/NAME]` parses;
+- pod logs (`.../pods/NAME/log`, `follow`);
+- faults: a status code (with Retry-After), a connection reset, a watch stream dropped after N
+  events, 403 for a verb on a resource; and a request log for counting.
+
+The server runs in a thread with its own event loop (`running_emulator`), because the client is
+blocking; tests and the fake operator mutate the store from their own thread through the
+thread-safe methods below.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import json
+import re
+import threading
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any, Iterator
+
+import aiohttp.web
+import attrs
+import kmock
+from kmock._internal import parsing
+
+# --- kmock fix: `/api/v1/namespaces[/NAME]` is the Namespace kind, not a namespace prefix ----
+
+_original_parse_path = parsing.parse_path
+
+
+def _parse_path(path: str) -> parsing.ParsedPath:
+    parts = path.strip("/").split("/")
+    if parts[:3] == ["api", "v1", "namespaces"] and len(parts) in (3, 4):
+        return parsing.ParsedPath(group="", version="v1", plural="namespaces",
+                                  name=parts[3] if len(parts) == 4 else None)
+    return _original_parse_path(path)
+
+
+parsing.parse_path = _parse_path
+
+RAYJOBS = "ray.io/v1/rayjobs"
+
+
+@dataclass
+class Route:
+    """An object endpoint: /api/v1/... or /apis/GROUP/VERSION/... (parsed by us, not kmock)."""
+
+    group: str
+    version: str
+    plural: str
+    namespace: str | None
+    name: str | None
+    subresource: str | None
+
+    @property
+    def gvr(self) -> str:
+        return f"{self.group}/{self.version}/{self.plural}" if self.group else f"v1/{self.plural}"
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+
+def parse_route(path: str) -> Route | None:
+    parts = path.strip("/").split("/")
+    if parts[0] == "api" and len(parts) >= 3:
+        group, version, rest = "", parts[1], parts[2:]
+    elif parts[0] == "apis" and len(parts) >= 4:
+        group, version, rest = parts[1], parts[2], parts[3:]
+    else:
+        return None
+    namespace = None
+    if rest[0] == "namespaces" and len(rest) >= 3:
+        namespace, rest = rest[1], rest[2:]
+    plural, name, sub = rest[0], (rest[1] if len(rest) > 1 else None), "/".join(rest[2:]) or None
+    return Route(group, version, plural, namespace, name, sub)
+
+
+@dataclass
+class Fault:
+    """One injected failure for requests whose method and path match."""
+
+    method: str
+    path: re.Pattern[str]
+    status: int | None = None         # answer this status (with a Status body)
+    reset: bool = False               # or close the connection without an answer
+    drop_after: int | None = None     # or (watch) drop the stream after this many events
+    retry_after: str | None = None
+    times: int = 1
+    hits: int = 0
+
+    def matches(self, method: str, path: str) -> bool:
+        return self.hits < self.times and method == self.method and bool(self.path.search(path))
+
+
+@attrs.define(kw_only=True)
+class ApiEmulator(kmock.KubernetesEmulator):
+    """KubernetesEmulator with a versioned store, watches from a resourceVersion and faults."""
+
+    store: dict[tuple[str, str | None, str], dict] = attrs.field(factory=dict, init=False)
+    history: list[tuple[int, str, str, dict]] = attrs.field(factory=list, init=False)
+    rv: int = attrs.field(default=100, init=False)
+    compacted: int = attrs.field(default=0, init=False)
+    faults: list[Fault] = attrs.field(factory=list, init=False)
+    denied: set[tuple[str, str]] = attrs.field(factory=set, init=False)
+    pod_logs: dict[tuple[str, str], list[str]] = attrs.field(factory=dict, init=False)
+    log: list[tuple[str, str, dict]] = attrs.field(factory=list, init=False)
+    loop: asyncio.AbstractEventLoop | None = attrs.field(default=None, init=False)
+    _tlock: threading.RLock = attrs.field(factory=threading.RLock, init=False)
+    _changed: asyncio.Event | None = attrs.field(default=None, init=False)
+
+    # --- declaring kinds -------------------------------------------------------------------
+    def install_rayjob_crd(self) -> None:
+        self.resources[RAYJOBS] = kmock.ResourceInfo(
+            kind="RayJob", singular="rayjob", namespaced=True, subresources={"status"},
+            verbs={"get", "list", "watch", "create", "patch", "update", "delete"})
+
+    def uninstall_rayjob_crd(self) -> None:
+        del self.resources[RAYJOBS]
+
+    def _info(self, route: Route) -> Any | None:
+        for res in self.resources:
+            if (res.group, res.version, res.plural) == (route.group, route.version, route.plural):
+                return self.resources[res]
+        return None
+
+    # --- thread-safe store API for tests and the fake operator ----------------------------
+    def put(self, api_version: str, plural: str, obj: dict) -> dict:
+        """Create or replace an object as the cluster would (used for fixtures)."""
+        route = Route(*(api_version.split("/") if "/" in api_version else ("", api_version)),
+                      plural, obj["metadata"].get("namespace"), obj["metadata"]["name"], None)
+        with self._tlock:
+            key = (route.gvr, route.namespace, route.name)
+            if key in self.store:
+                merged = copy.deepcopy(obj)
+                merged["metadata"] = {**self.store[key]["metadata"], **obj["metadata"]}
+                return self._commit("MODIFIED", route.gvr, key, merged)
+            return self._commit("ADDED", route.gvr, key, self._new(obj, route))
+
+    def get(self, gvr: str, namespace: str | None, name: str) -> dict | None:
+        with self._tlock:
+            obj = self.store.get((gvr, namespace, name))
+            return copy.deepcopy(obj) if obj else None
+
+    def patch_status(self, gvr: str, namespace: str, name: str, status: dict) -> dict:
+        return self.merge(gvr, namespace, name, {"status": status})
+
+    def merge(self, gvr: str, namespace: str | None, name: str, patch: dict) -> dict:
+        with self._tlock:
+            key = (gvr, namespace, name)
+            obj = merge_patch(copy.deepcopy(self.store[key]), patch)
+            return self._commit("MODIFIED", gvr, key, obj)
+
+    def remove(self, gvr: str, namespace: str | None, name: str) -> None:
+        with self._tlock:
+            key = (gvr, namespace, name)
+            obj = self.store.pop(key)
+            self.rv += 1
+            obj["metadata"]["resourceVersion"] = str(self.rv)
+            self.history.append((self.rv, gvr, "DELETED", copy.deepcopy(obj)))
+        self._wake()
+
+    def compact(self) -> None:
+        """Forget history up to now: watches from an older resourceVersion get 410 Gone."""
+        with self._tlock:
+            self.compacted = self.rv
+            self.history = []
+
+    def fail(self, method: str, path: str, *, status: int | None = None, reset: bool = False,
+             drop_after: int | None = None, retry_after: str | None = None, times: int = 1) -> Fault:
+        fault = Fault(method.upper(), re.compile(path), status, reset, drop_after, retry_after, times)
+        self.faults.append(fault)
+        return fault
+
+    def deny(self, verb: str, plural: str) -> None:
+        self.denied.add((verb, plural))
+
+    def requests_since(self, mark: int) -> list[tuple[str, str, dict]]:
+        return self.log[mark:]
+
+    # --- internals -------------------------------------------------------------------------
+    def _new(self, obj: dict, route: Route) -> dict:
+        obj = copy.deepcopy(obj)
+        meta = obj.setdefault("metadata", {})
+        meta.setdefault("uid", str(uuid.uuid4()))
+        meta.setdefault("creationTimestamp", _now())
+        meta["generation"] = 1
+        if route.namespace is not None:
+            meta["namespace"] = route.namespace
+        info = self._info(route)
+        obj.setdefault("apiVersion", route.api_version)
+        if info is not None and info.kind:
+            obj.setdefault("kind", info.kind)
+        return obj
+
+    def _commit(self, etype: str, gvr: str, key: tuple, obj: dict) -> dict:
+        with self._tlock:
+            old = self.store.get(key)
+            if old is not None and old.get("spec") != obj.get("spec"):
+                obj["metadata"]["generation"] = old["metadata"].get("generation", 1) + 1
+            self.rv += 1
+            obj["metadata"]["resourceVersion"] = str(self.rv)
+            self.store[key] = obj
+            self.history.append((self.rv, gvr, etype, copy.deepcopy(obj)))
+        self._wake()
+        return copy.deepcopy(obj)
+
+    def _wake(self) -> None:
+        if self.loop is not None and self._changed is not None:
+            self.loop.call_soon_threadsafe(self._notify)
+
+    def _notify(self) -> None:
+        assert self._changed is not None
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    async def _serve_version(self, request: Any) -> Any:  # kmock says "/v1" for the core group
+        payload = await super()._serve_version(request)
+        payload["groupVersion"] = payload["groupVersion"].lstrip("/")
+        return payload
+
+    async def _handle(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
+        raw = request._raw_request
+        assert raw is not None
+        if self._changed is None:
+            self.loop, self._changed = asyncio.get_running_loop(), asyncio.Event()
+        params = dict(raw.query)
+        self.log.append((raw.method, raw.path, params))
+        for fault in self.faults:
+            if fault.matches(raw.method, raw.path) and fault.drop_after is None:
+                fault.hits += 1
+                if fault.reset:
+                    assert raw.transport is not None
+                    raw.transport.abort()
+                    return aiohttp.web.Response(status=500)
+                headers = {"Retry-After": fault.retry_after} if fault.retry_after else {}
+                return _status(fault.status or 500, "InternalError", "injected fault", headers=headers)
+        route = parse_route(raw.path)
+        if route is None:
+            return await super()._handle(request)  # discovery
+        info = self._info(route)
+        if info is None:
+            return _status(404, "NotFound", "the server could not find the requested resource")
+        verb = _verb(raw.method, route, params)
+        if (verb, route.plural) in self.denied:
+            return _status(403, "Forbidden", f'{route.plural} is forbidden: User "test" cannot {verb} '
+                           f'resource "{route.plural}" in API group "{route.group}"')
+        if route.subresource == "log":
+            return await self._serve_log(raw, route, params)
+        if verb == "watch":
+            return await self._watch(raw, route, params)
+        with self._tlock:
+            return self._serve_object(raw.method, route, params, request.data, raw.content_type, info)
+
+    def _serve_object(self, method: str, route: Route, params: dict, body: Any, ctype: str,
+                      info: Any) -> aiohttp.web.Response:
+        dry = params.get("dryRun") == "All"
+        if method == "GET" and route.name is None:
+            items = [copy.deepcopy(o) for (gvr, ns, _), o in sorted(self.store.items())
+                     if gvr == route.gvr and route.namespace in (None, ns) and _selected(o, params)]
+            return aiohttp.web.json_response({
+                "apiVersion": route.api_version, "kind": f"{info.kind}List",
+                "metadata": {"resourceVersion": str(self.rv)}, "items": items})
+        if method == "POST":
+            route.name = (body or {}).get("metadata", {}).get("name")
+        key = (route.gvr, route.namespace, route.name)
+        existing = self.store.get(key)
+        if route.namespace is not None and method in ("POST", "PATCH") and \
+                ("v1/namespaces", None, route.namespace) not in self.store:
+            return _status(404, "NotFound", f'namespaces "{route.namespace}" not found',
+                           {"name": route.namespace, "kind": "namespaces"})
+        if method == "GET":
+            if existing is None:
+                return _not_found(route)
+            return aiohttp.web.json_response(existing)
+        if method == "DELETE":
+            if existing is None:
+                return _not_found(route)
+            precondition = ((body or {}).get("preconditions") or {}).get("uid")
+            if precondition and precondition != existing["metadata"]["uid"]:
+                return _status(409, "Conflict", "Precondition failed: UID in precondition does not match")
+            if not dry:
+                self.remove(route.gvr, route.namespace, route.name)
+            return aiohttp.web.json_response({"kind": "Status", "apiVersion": "v1", "status": "Success",
+                                              "details": {"name": route.name, "uid": existing["metadata"]["uid"]}})
+        if method == "POST":
+            if existing is not None:
+                return _status(409, "AlreadyExists", f'{route.plural} "{route.name}" already exists',
+                               {"name": route.name, "kind": route.plural})
+            obj = self._new(body, route)
+            return aiohttp.web.json_response(obj if dry else self._commit("ADDED", route.gvr, key, obj),
+                                             status=201)
+        if method == "PATCH":
+            if "apply-patch" in ctype:
+                if existing is None:
+                    obj = self._new(body, route)
+                    return aiohttp.web.json_response(
+                        obj if dry else self._commit("ADDED", route.gvr, key, obj), status=201)
+                merged = apply_merge(copy.deepcopy(existing), body)
+            elif "merge-patch" in ctype:
+                if existing is None:
+                    return _not_found(route)
+                if route.subresource == "status":
+                    body = {"status": body.get("status")}
+                merged = merge_patch(copy.deepcopy(existing), body)
+            else:
+                return _status(415, "UnsupportedMediaType", f"unsupported patch type {ctype}")
+            if merged == existing or dry:
+                return aiohttp.web.json_response(merged)
+            return aiohttp.web.json_response(self._commit("MODIFIED", route.gvr, key, merged))
+        return _status(405, "MethodNotAllowed", f"{method} is not supported here")
+
+    async def _watch(self, raw: Any, route: Route, params: dict) -> aiohttp.web.StreamResponse:
+        drop = next((f for f in self.faults
+                     if f.matches(raw.method, raw.path) and f.drop_after is not None), None)
+        if drop is not None:
+            drop.hits += 1
+        response = aiohttp.web.StreamResponse(headers={"Content-Type": "application/json"})
+        await response.prepare(raw)
+        loop = asyncio.get_running_loop()
+        timeout = float(params.get("timeoutSeconds", 1800))
+        deadline = loop.time() + timeout
+        since = params.get("resourceVersion")
+        sent = 0
+
+        async def send(event: dict) -> bool:
+            nonlocal sent
+            if drop is not None and sent >= drop.drop_after:
+                assert raw.transport is not None
+                raw.transport.abort()  # a dropped stream: no chunk terminator, no goodbye
+                return False
+            await response.write(json.dumps(event).encode() + b"\n")
+            sent += 1
+            return True
+
+        with self._tlock:
+            if since not in (None, "", "0") and int(since) < self.compacted:
+                await response.write(json.dumps({"type": "ERROR", "object": {
+                    "kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 410,
+                    "reason": "Expired", "message": f"too old resource version: {since} ({self.rv})"}}).encode() + b"\n")
+                await response.write_eof()
+                return response
+            if since in (None, "", "0"):
+                initial = [{"type": "ADDED", "object": copy.deepcopy(o)}
+                           for (gvr, ns, _), o in sorted(self.store.items())
+                           if gvr == route.gvr and route.namespace in (None, ns) and _selected(o, params)]
+                cursor = self.rv
+            else:
+                initial, cursor = [], int(since)
+        for event in initial:
+            if not await send(event):
+                return response
+        while True:
+            changed = self._changed
+            assert changed is not None
+            with self._tlock:
+                pending = [(rv, etype, obj) for rv, gvr, etype, obj in self.history
+                           if rv > cursor and gvr == route.gvr
+                           and route.namespace in (None, obj["metadata"].get("namespace"))
+                           and _selected(obj, params)]
+                cursor = max([cursor] + [rv for rv, _, _, _ in self.history])
+            for _, etype, obj in pending:
+                if not await send({"type": etype, "object": obj}):
+                    return response
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                break
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(changed.wait(), remaining)
+        await response.write_eof()
+        return response
+
+    async def _serve_log(self, raw: Any, route: Route, params: dict) -> aiohttp.web.StreamResponse:
+        lines = self.pod_logs.get((route.namespace or "", route.name or ""))
+        if lines is None:
+            return _not_found(route)
+        response = aiohttp.web.StreamResponse(headers={"Content-Type": "text/plain"})
+        await response.prepare(raw)
+        for line in lines:
+            await response.write(line.encode() + b"\n")
+        await response.write_eof()
+        return response
+
+
+# --- patch semantics ------------------------------------------------------------------------
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386 JSON merge patch."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    if not isinstance(target, dict):
+        target = {}
+    for key, value in patch.items():
+        if value is None:
+            target.pop(key, None)
+        else:
+            target[key] = merge_patch(target.get(key), value)
+    return target
+
+
+def apply_merge(live: dict, applied: dict) -> dict:
+    """The server-side-apply subset we rely on: the applied maps merge into the live object,
+    lists and scalars replace; metadata the server owns is kept."""
+    server_meta = {k: v for k, v in live.get("metadata", {}).items()
+                   if k in ("uid", "resourceVersion", "creationTimestamp", "generation", "namespace")}
+    merged = merge_patch(live, {k: v for k, v in applied.items() if v is not None})
+    merged["metadata"].update(server_meta)
+    return merged
+
+
+# --- helpers --------------------------------------------------------------------------------
+
+def _now() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _verb(method: str, route: Route, params: dict) -> str:
+    if method == "GET":
+        return "watch" if params.get("watch") in ("true", "1") else ("get" if route.name else "list")
+    return {"POST": "create", "PATCH": "patch", "PUT": "update", "DELETE": "delete"}.get(method, method.lower())
+
+
+def _selected(obj: dict, params: dict) -> bool:
+    meta = obj.get("metadata", {})
+    for term in filter(None, params.get("labelSelector", "").split(",")):
+        key, _, value = term.partition("=")
+        if meta.get("labels", {}).get(key) != value:
+            return False
+    for term in filter(None, params.get("fieldSelector", "").split(",")):
+        key, _, value = term.partition("=")
+        if key == "metadata.name" and meta.get("name") != value:
+            return False
+        if key == "metadata.namespace" and meta.get("namespace") != value:
+            return False
+    return True
+
+
+def _status(code: int, reason: str, message: str, details: dict | None = None, *,
+            headers: dict | None = None) -> aiohttp.web.Response:
+    return aiohttp.web.json_response({
+        "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+        "message": message, "reason": reason, "details": details or {}, "code": code},
+        status=code, headers=headers)
+
+
+def _not_found(route: Route) -> aiohttp.web.Response:
+    what = f"{route.plural}.{route.group}" if route.group else route.plural
+    return _status(404, "NotFound", f'{what} "{route.name}" not found',
+                   {"name": route.name, "group": route.group, "kind": route.plural})
+
+
+# --- running it -----------------------------------------------------------------------------
+
+@dataclass
+class Running:
+    emulator: ApiEmulator
+    url: str
+    _loop: asyncio.AbstractEventLoop = field(repr=False)
+
+    def kubeconfig(self, path: Any, namespace: str = "default") -> str:
+        """Write a kubeconfig for this server (context `emulator`) and return its path."""
+        path.write_text(json.dumps({
+            "apiVersion": "v1", "kind": "Config", "current-context": "emulator",
+            "clusters": [{"name": "emulator", "cluster": {"server": self.url}}],
+            "users": [{"name": "tester", "user": {"token": "test-token"}}],
+            "contexts": [{"name": "emulator", "context": {"cluster": "emulator", "user": "tester",
+                                                          "namespace": namespace}}],
+        }))
+        return str(path)
+
+
+@contextlib.contextmanager
+def running_emulator(*, crd: bool = True, namespaces: tuple[str, ...] = ("default",)) -> Iterator[Running]:
+    """Serve an ApiEmulator on 127.0.0.1 from a thread with its own event loop."""
+    emulator = ApiEmulator()
+    emulator.resources.load_bundled()
+    if crd:
+        emulator.install_rayjob_crd()
+    for ns in namespaces:
+        emulator.put("v1", "namespaces", {"metadata": {"name": ns}})
+    loop = asyncio.new_event_loop()
+    ready = threading.Event()
+    stop: asyncio.Future | None = None
+    holder: dict[str, Any] = {}
+
+    async def serve() -> None:
+        nonlocal stop
+        stop = loop.create_future()
+        async with emulator, kmock.Server(emulator, host="127.0.0.1") as server:
+            emulator.loop, emulator._changed = loop, asyncio.Event()
+            holder["url"] = f"http://127.0.0.1:{server.port}"
+            ready.set()
+            await stop
+
+    thread = threading.Thread(target=lambda: loop.run_until_complete(serve()), daemon=True)
+    thread.start()
+    if not ready.wait(10):
+        raise RuntimeError("the API emulator did not start")
+    try:
+        yield Running(emulator, holder["url"], loop)
+    finally:
+        loop.call_soon_threadsafe(lambda: stop.done() or stop.set_result(None))
+        thread.join(10)

@@ -1,0 +1,102 @@
+"""The progress ConfigMap sink: patch the job's ConfigMap with the folded state and recent events.
+
+The one module of the entrypoint that talks to the Kubernetes API (import-linter holds that).
+Best effort by design: a hung or refusing API server must never stop or slow training.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections import deque
+from typing import Any, Callable, Mapping
+
+from submitter.contract import events as ev
+from submitter.contract import naming
+
+log = logging.getLogger("training.events")
+#: (connect, read) seconds for one ConfigMap request: a hung API server must not hang the run.
+API_TIMEOUT = (5.0, 10.0)
+#: After a request that got no answer (timeout, refused, reset), progress patches pause this
+#: long, so an unreachable API server costs one timeout per pause, not one per event. The
+#: ConfigMap holds the state and the last events, so the next patch catches up.
+UNREACHABLE_PAUSE_S = 30.0
+#: Events that are always tried: the ConfigMap must say how the run ended.
+_ALWAYS_TRY = frozenset({"run_finished", "run_failed"})
+
+
+class ConfigMapSink:
+    """Patch the job's progress ConfigMap: the folded state and the last events.
+
+    Best effort: a failure is logged (once per kind of error), never raised; training goes on.
+    """
+
+    def __init__(self, name: str, namespace: str, api: Any = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.name, self.namespace = name, namespace
+        self._api = api
+        self._recent: deque[str] = deque(maxlen=naming.CONFIGMAP_MAX_EVENTS)
+        self._warned: set[str] = set()
+        self._clock = clock
+        self._paused_until = float("-inf")
+
+    def api(self) -> Any:
+        if self._api is None:
+            from kubernetes import client, config  # lazy: only in a cluster
+
+            configuration = client.Configuration()  # our own: the process-wide default is left alone
+            try:
+                config.load_incluster_config(client_configuration=configuration)
+            except config.ConfigException:
+                # $KUBECONFIG now: the client's default was read when `kubernetes` was imported
+                config.load_kube_config(config_file=os.environ.get("KUBECONFIG") or None,
+                                        client_configuration=configuration, persist_config=False)
+            self._api = client.CoreV1Api(client.ApiClient(configuration))
+        return self._api
+
+    def continue_from(self, history: list[Mapping[str, Any]]) -> None:
+        """Keep the run's earlier events: a new driver's first patch must not drop them."""
+        self._recent.extend(ev.to_json(e) for e in history[-naming.CONFIGMAP_MAX_EVENTS:])
+
+    def read(self) -> list[dict[str, Any]]:
+        """The events the ConfigMap already holds (to continue seq without a shared file)."""
+        try:
+            cm = self.api().read_namespaced_config_map(self.name, self.namespace,
+                                                       _request_timeout=API_TIMEOUT)
+            return ev.parse_lines((cm.data or {}).get(naming.CONFIGMAP_EVENTS_KEY, ""))
+        except Exception as e:  # noqa: BLE001 - best effort
+            self._warn(e)
+            return []
+
+    def write(self, event: Mapping[str, Any], state: ev.ProgressState) -> None:
+        self._recent.append(ev.to_json(event))
+        if self._clock() < self._paused_until and event.get("type") not in _ALWAYS_TRY:
+            return
+        body = {"data": {naming.CONFIGMAP_STATE_KEY: json.dumps(state.to_dict(), sort_keys=True),
+                         naming.CONFIGMAP_EVENTS_KEY: "\n".join(self._recent) + "\n"}}
+        try:
+            self.api().patch_namespaced_config_map(self.name, self.namespace, body,
+                                                   _request_timeout=API_TIMEOUT)
+        except Exception as e:  # noqa: BLE001 - a status sink must never stop training
+            if getattr(e, "status", None) is None:  # no HTTP answer at all (an API error has one)
+                self._paused_until = self._clock() + UNREACHABLE_PAUSE_S
+            self._warn(e)
+
+    def _warn(self, e: Exception) -> None:
+        kind = type(e).__name__
+        if kind not in self._warned:
+            self._warned.add(kind)
+            log.warning("progress ConfigMap %s/%s not updated (%s: %s); training continues",
+                        self.namespace, self.name, kind, _describe(e))
+
+
+def _describe(e: Exception) -> str:
+    """One line; for an API error its status and the server's reason ("... cannot patch ...")."""
+    text = str(e).splitlines()[0] if str(e) else ""
+    try:
+        message = json.loads(getattr(e, "body", None) or "{}").get("message")
+    except (TypeError, ValueError, AttributeError):
+        message = None
+    return f"{text} {message}"[:300] if message else text[:200]
