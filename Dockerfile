@@ -1,5 +1,5 @@
 # The image every Ray pod of a submitter job runs: Ray 2.60 (CPU) + torch (CPU) + this project.
-# Tag: submitter-gpt2:0.1.0 (= submitter.spec.DEFAULT_IMAGE).
+# Tag: submitter-gpt2:0.1.0 (= submitter.contract.spec.DEFAULT_IMAGE).
 #   docker build -t submitter-gpt2:0.1.0 .
 # For GPUs, build FROM rayproject/ray:2.60.0-py311-gpu and drop the CPU wheel index.
 FROM rayproject/ray:2.60.0-py311-cpu
@@ -16,6 +16,6 @@ COPY --chown=1000:100 pyproject.toml README.md ./
 COPY --chown=1000:100 submitter ./submitter
 COPY --chown=1000:100 training ./training
 COPY --chown=1000:100 manifests ./manifests
-RUN pip install --no-cache-dir . && python -c "import training, submitter, torch, ray; print(ray.__version__, torch.__version__)"
+RUN pip install --no-cache-dir ".[train]" && python -c "import training, submitter, torch, ray; print(ray.__version__, torch.__version__)"
 
 ENV PYTHONUNBUFFERED=1

@@ -135,7 +135,7 @@ def entrypoint(storage: Path, name: str, workers: int, steps: int, data_args: li
     """Run `python -m training`; return throughput, start-up and (optionally) recovery times."""
     shutil.rmtree(storage / name, ignore_errors=True)
     argv = [sys.executable, "-m", "training", "--name", name, "--storage-path", str(storage),
-            "--num-workers", str(workers), "--model", "tiny", "--tokenizer", "byte",
+            "--replicas", str(workers), "--model", "tiny", "--tokenizer", "byte",
             "--block-size", str(BLOCK), "--batch-size-per-worker", str(BATCH), "--epochs", "1",
             "--max-steps-per-epoch", str(steps), "--progress-every", "10", "--val-steps", "2",
             "--max-failures", "2", *data_args]

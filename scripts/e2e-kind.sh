@@ -8,7 +8,7 @@
 set -euo pipefail
 
 CLUSTER=${CLUSTER:-submitter-e2e}
-IMAGE=submitter-gpt2:0.1.0  # = submitter.spec.DEFAULT_IMAGE, as in the job file
+IMAGE=submitter-gpt2:0.1.0  # = submitter.contract.spec.DEFAULT_IMAGE, as in the job file
 KUBERAY_VERSION=${KUBERAY_VERSION:-1.7.0}
 JOB=e2e-tiny
 NS=default

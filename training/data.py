@@ -1,7 +1,7 @@
 """The Ray Data pipeline: text rows -> token blocks, streamed to the workers.
 
 Sources: a Hugging Face dataset by name (loaded with `datasets.load_dataset`, handed to Ray
-Data with `from_arrow`; `from_huggingface` re-scans the working directory, see FACTS), files
+Data with `from_arrow`; `from_huggingface` re-scans the working directory), files
 given with `--data` (text, parquet or jsonl through Ray Data's readers), or the offline corpus
 `python-stdlib` (this Python's own standard library source). Validation is the dataset's own
 validation split when it has one, else a deterministic content-hash hold-out of the blocks.
