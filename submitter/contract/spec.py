@@ -37,7 +37,8 @@ TOKENIZERS = ("auto", "gpt2", "byte")
 DATA_FORMATS = ("auto", "text", "parquet", "jsonl")
 
 #: The groups options are listed under in `--help`, in this order.
-GROUPS = ("job", "resources", "storage", "training", "data", "checkpoints", "lifecycle")
+GROUPS = ("job", "resources", "scheduling", "storage", "training", "data", "checkpoints",
+          "lifecycle")
 
 # KubeRay appends a suffix to the RayJob name for the RayCluster and its services, and
 # validates RayJob names to at most 47 characters; services also need a DNS-1035 label.
@@ -248,6 +249,8 @@ class JobSpec:
                             help="CPU request and limit of the Ray head pod")
     head_memory: str = setting("8Gi", group="resources", check=_positive_quantity,
                                help="memory request and limit of the Ray head pod")
+
+    # --- scheduling: where the pods run, as whom, with which credentials --------------------------
 
     # --- storage: checkpoints must outlive the job ------------------------------------------------
     storage_path: Optional[str] = setting(
