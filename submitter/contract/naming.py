@@ -7,6 +7,8 @@ so a renamed key cannot leave one side behind.
 
 from __future__ import annotations
 
+import hashlib
+
 # --- objects and labels ---------------------------------------------------------------------
 APP = "submitter"
 #: Label that names the job an object belongs to (with the ownership annotation, see below).
@@ -23,6 +25,26 @@ def object_names(name: str, existing_pvc: str | None = None) -> dict[str, str]:
         "pvc": existing_pvc or f"{name}-checkpoints",
         "progress": f"{name}-progress",  # ServiceAccount, Role, RoleBinding and ConfigMap
     }
+
+
+#: Annotation every object and pod of a job carries: the job's identity. An object of a derived
+#: name that lacks it (or carries another job's) is not ours: submit refuses to adopt it and
+#: delete leaves it alone.
+JOB_UID_ANNOTATION = "submitter.dev/job-uid"
+#: Annotation on the checkpoint PVC: the last job document submitted for it (it outlives the
+#: RayJob), so `resume NAME` after `delete NAME` needs no flags retyped.
+JOB_DOCUMENT_ANNOTATION = "submitter.dev/job-document"
+
+
+def job_uid(namespace: str, name: str) -> str:
+    """The identity of the job `namespace/name`: deterministic (render stays pure, GitOps diffs
+    stay clean), and different for the same name in another namespace."""
+    return hashlib.sha256(f"{namespace}/{name}".encode()).hexdigest()[:16]
+
+
+def annotations(namespace: str, name: str) -> dict[str, str]:
+    """The identity annotations every object and pod of a job carries."""
+    return {JOB_UID_ANNOTATION: job_uid(namespace, name)}
 
 
 def labels(name: str) -> dict[str, str]:
