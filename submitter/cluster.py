@@ -84,7 +84,7 @@ def submit_job(spec: JobSpec, *, dry_run: str = "none", watch: bool = False, out
 
 
 def watch_job(kube: Kube, namespace: str, name: str, *, output: str = "text", timeout: float | None = None,
-              out: TextIO | None = None, err: TextIO | None = None) -> int:
+              out: TextIO | None = None, err: TextIO | None = None, stall_timeout: float | None = None) -> int:
     """Watch to the end: 0 succeeded; JobFailed (1) failed/stopped; WatchTimeout (3); Ctrl-C 130.
     Neither a timeout nor Ctrl-C touches the job."""
     from submitter.watch import follow, make_sink
@@ -92,7 +92,8 @@ def watch_job(kube: Kube, namespace: str, name: str, *, output: str = "text", ti
     err = err or sys.stderr
     try:
         final = follow(kube, namespace, name, job_names(name, namespace)["progress"],
-                       make_sink(output, out), timeout=timeout, warn=lambda text: err.write(text + "\n"))
+                       make_sink(output, out), timeout=timeout, warn=lambda text: err.write(text + "\n"),
+                       stall_timeout=stall_timeout)
     except KeyboardInterrupt:
         err.write(f"\nstopped watching; {name} keeps running (submitter delete {name} -n {namespace} "
                   "stops it)\n")

@@ -76,6 +76,8 @@ KINDS: dict[str, Kind] = {
     "RoleBinding": Kind("rbac.authorization.k8s.io", "v1", "rolebindings"),
     "Pod": Kind("", "v1", "pods"),
     "Namespace": Kind("", "v1", "namespaces", namespaced=False),
+    "RayCluster": Kind("ray.io", "v1", "rayclusters"),
+    "Event": Kind("", "v1", "events"),
 }
 
 
@@ -230,17 +232,41 @@ class Kube:
             return None
         return [r.get("name") for r in doc.get("resources", [])]
 
-    def watch(self, kind: str, namespace: str | None, name: str, *,
-              resource_version: str | None) -> "WatchStream":
-        """Open a watch on one object from `resource_version` (None: start with its current state)."""
+    # --- read-only views for diagnosis (status, watch) --------------------------------------------
+    def list_pods(self, namespace: str, selector: str) -> list[dict]:
+        """The pods matching a label selector (`key=value,...`), one request."""
+        k = KINDS["Pod"]
+        doc = self.request("GET", k.path(namespace), query={"labelSelector": selector},
+                           what=("list", k, namespace, None))
+        return (doc or {}).get("items") or []
+
+    def events_for(self, namespace: str, kind: str, name: str) -> list[dict]:
+        """The core/v1 Events about one object, oldest first (one request, a field selector)."""
+        k = KINDS["Event"]
+        doc = self.request("GET", k.path(namespace), query={
+            "fieldSelector": f"involvedObject.kind={kind},involvedObject.name={name}"},
+            what=("list", k, namespace, None))
+        items = (doc or {}).get("items") or []
+        return sorted(items, key=lambda e: e.get("lastTimestamp") or e.get("eventTime")
+                      or (e.get("metadata") or {}).get("creationTimestamp") or "")
+
+    def get_raycluster(self, namespace: str, name: str) -> dict | None:
+        """The RayCluster a RayJob runs on, or None when it does not exist (yet, or any more)."""
+        return self.find("RayCluster", namespace, name)
+
+    def watch(self, kind: str, namespace: str | None, name: str | None, *,
+              resource_version: str | None, labels: str | None = None) -> "WatchStream":
+        """Open a watch on one object (or, with `labels` and no name, on every object matching
+        that label selector) from `resource_version` (None: start with the current state)."""
         k = KINDS[kind]
         response = self.request(
             "GET", k.path(namespace),
-            query={"watch": "true", "fieldSelector": f"metadata.name={name}",
+            query={"watch": "true", "fieldSelector": f"metadata.name={name}" if name else None,
+                   "labelSelector": labels,
                    "resourceVersion": resource_version, "allowWatchBookmarks": "true",
                    "timeoutSeconds": str(WATCH_SECONDS)},
             stream=True, timeout=(10, WATCH_SECONDS + 30), what=("watch", k, namespace, name))
-        return WatchStream(response, self.host, (kind, namespace, name))
+        return WatchStream(response, self.host, (kind, namespace, name or labels or ""))
 
     def log_lines(self, namespace: str, pod: str, *, follow: bool) -> Iterator[str]:
         k = KINDS["Pod"]

@@ -13,9 +13,10 @@ terminal `jobStatus` under a non-terminal deployment is not the end yet (KubeRay
 from __future__ import annotations
 
 import json
+import statistics
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from submitter.contract.events import ProgressState, fold, parse_lines
 from submitter.contract.naming import CONFIGMAP_EVENTS_KEY, CONFIGMAP_STATE_KEY
@@ -87,6 +88,11 @@ class JobState:
     kuberay_failed: int = 0
     created: str | None = None
     progress: ProgressState = field(default_factory=ProgressState)
+    ray_cluster: str = ""
+    #: The first blocking reason (`submitter.diagnose`), e.g. "Unschedulable: pod/...: 0/3 nodes..."
+    diagnosis: str = ""
+    #: A warning when training stopped reporting progress for far longer than its own cadence.
+    stalled: str = ""
 
     @property
     def terminal(self) -> bool:
@@ -108,7 +114,13 @@ class JobState:
                 "reason": self.reason, "message": self.message, "note": self.note,
                 "epoch": p.epoch, "step": p.step, "loss": p.loss, "tokensPerSec": p.tokens_per_sec,
                 "lastCheckpoint": p.last_checkpoint, "restarts": self.restarts,
-                "created": self.created}
+                "created": self.created, "rayCluster": self.ray_cluster,
+                "diagnosis": self.diagnosis, "stalled": self.stalled}
+
+    @property
+    def why(self) -> str:
+        """The one line to show under the state: the blocking reason, else the stall warning."""
+        return self.diagnosis or self.stalled
 
 
 def job_state(rayjob: Mapping[str, Any] | None, configmap: Mapping[str, Any] | None, *,
@@ -125,7 +137,75 @@ def job_state(rayjob: Mapping[str, Any] | None, configmap: Mapping[str, Any] | N
                     message=status.get("message", ""), note=note,
                     kuberay_failed=int(status.get("failed") or 0),
                     created=(rayjob.get("metadata") or {}).get("creationTimestamp"),
-                    progress=progress)
+                    progress=progress, ray_cluster=status.get("rayClusterName") or "")
+
+
+# --- stall detection ------------------------------------------------------------------------------
+
+#: A run is stalled after max(STALL_FLOOR, STALL_FACTOR x its median progress interval) of silence.
+STALL_FLOOR = 300.0
+STALL_FACTOR = 10.0
+
+
+def progress_times(events: Iterable[Mapping[str, Any]]) -> list[datetime]:
+    """When each `progress` event was emitted (the pod's clock), in order."""
+    times = []
+    for ev in events:
+        if ev.get("type") == "progress":
+            when = parse_time(ev.get("time"))
+            if when is not None:
+                times.append(when)
+    return sorted(times)
+
+
+def cadence(times: list[datetime]) -> float | None:
+    """The run's own step cadence: the median seconds between progress events (None: < 2)."""
+    gaps = [(b - a).total_seconds() for a, b in zip(times, times[1:])]
+    gaps = [g for g in gaps if g >= 0]
+    return statistics.median(gaps) if gaps else None
+
+
+def stall_threshold(median: float | None) -> float:
+    return max(STALL_FLOOR, STALL_FACTOR * (median or 0.0))
+
+
+def stall_warning(idle: float, median: float | None) -> str:
+    """The warning for `idle` seconds without progress, or "" while that is still normal.
+    Needs a cadence (two progress events): before the first steps there is nothing to compare."""
+    if median is None or idle <= stall_threshold(median):
+        return ""
+    return (f"stalled? no training progress for {duration(idle)} (the run reported every "
+            f"~{duration(median)}); check submitter logs and the pods")
+
+
+def stalled(state: "JobState", events: Iterable[Mapping[str, Any]], now: datetime) -> str:
+    """`status`'s stall check: a RUNNING job whose last progress event is too old."""
+    if state.state != "RUNNING":
+        return ""
+    times = progress_times(events)
+    if not times:
+        return ""
+    return stall_warning((now - times[-1]).total_seconds(), cadence(times))
+
+
+def parse_time(text: Any) -> datetime | None:
+    if not isinstance(text, str) or not text:
+        return None
+    try:
+        value = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return value if value.tzinfo else value.replace(tzinfo=timezone.utc)
+
+
+def duration(seconds: float) -> str:
+    """12s, 4m10s, 2h05m: short and exact enough for a warning."""
+    seconds = int(round(seconds))
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
 
 
 # --- the table --------------------------------------------------------------------------------

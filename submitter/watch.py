@@ -10,10 +10,20 @@ Why it is built this way:
   in one request). Output is deduplicated: a status line only when the normalized state
   changes, a training event only once per `seq`.
 - Ctrl-C stops watching and leaves the job alone; `--timeout` exits 3 and leaves it alone too.
+- Why a job is stuck: a third watch follows the job's pods (by the job label), and every pod or
+  RayJob change is diagnosed (`submitter.observe`, `submitter.diagnose`): the first blocking
+  reason (image pull, Unschedulable, OOMKilled, CrashLoopBackOff, evicted/preempted, an unbound
+  claim, a RayCluster ReplicaFailure) is part of the state. Events, claims and the RayCluster are
+  read only when a pod shows a problem (or the job is starting without pods), and cached, so a
+  quiet job still costs no request at all between stream reconnects.
+- Stalls: no training progress for max(5 min, 10x the run's median progress interval) while
+  RUNNING adds a warning to the state; `--stall-timeout` exits 5 (WatchStalled) after that long
+  without progress or a state change.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import queue
 import sys
@@ -21,9 +31,11 @@ import threading
 import time
 from typing import Any, Callable, Protocol, TextIO
 
-from submitter.contract.errors import ApiUnavailable, Forbidden, WatchTimeout
+from submitter.contract.errors import ApiUnavailable, Forbidden, WatchStalled, WatchTimeout
 from submitter.kube import Expired, Kube, StreamDropped
-from submitter.state import JobState, configmap_events, job_state
+from submitter.state import (
+    JobState, cadence, configmap_events, duration, job_state, parse_time, stall_warning, utcnow,
+)
 
 #: Consecutive dropped streams without a single event before we give up.
 MAX_DROPS = 6
@@ -34,11 +46,12 @@ class Follower(threading.Thread):
 
     def __init__(self, kube: Kube, kind: str, namespace: str, name: str,
                  resource_version: str | None, out: "queue.Queue[tuple[str, Any]]", *,
-                 optional: bool = False) -> None:
+                 optional: bool = False, labels: str | None = None) -> None:
         super().__init__(name=f"watch-{kind}-{name}", daemon=True)
         self.kube, self.kind, self.namespace, self.obj_name = kube, kind, namespace, name
         self.resource_version = resource_version
         self.optional = optional  # when RBAC forbids it, carry on without it (a warning)
+        self.labels = labels  # watch every object with these labels instead of one by name
         self.out = out
         self._stop = threading.Event()
         self._stream: Any = None
@@ -48,7 +61,7 @@ class Follower(threading.Thread):
         while not self._stop.is_set():
             try:
                 self._stream = self.kube.watch(self.kind, self.namespace, self.obj_name,
-                                               resource_version=self.resource_version)
+                                               resource_version=self.resource_version, labels=self.labels)
                 if self._stop.is_set():
                     break
                 for event in self._stream:
@@ -88,10 +101,18 @@ class Sink(Protocol):
     def done(self, state: JobState) -> None: ...
 
 
+#: The longest the watch loop sleeps without an event (stall checks need a heartbeat; no request).
+TICK = 1.0
+
+
 def follow(kube: Kube, namespace: str, name: str, progress_name: str, sink: Sink, *,
            timeout: float | None = None, clock: Callable[[], float] = time.monotonic,
-           warn: Callable[[str], None] = lambda text: print(text, file=sys.stderr)) -> JobState:
-    """Watch until the job is terminal; returns its final state. Raises WatchTimeout."""
+           warn: Callable[[str], None] = lambda text: print(text, file=sys.stderr),
+           stall_timeout: float | None = None) -> JobState:
+    """Watch until the job is terminal; returns its final state. Raises WatchTimeout, and
+    WatchStalled when `stall_timeout` passes without training progress or a state change."""
+    from submitter.observe import STARTING_STATES, Observer, pod_selector
+
     deadline = None if timeout is None else clock() + timeout
     rayjob = kube.get("RayJob", namespace, name)
     configmap: dict[str, Any] | None = None
@@ -102,40 +123,116 @@ def follow(kube: Kube, namespace: str, name: str, progress_name: str, sink: Sink
         state = dedupe.update(rayjob, configmap, name, namespace)
         sink.done(state)
         return state
+    observer = Observer(kube, namespace, name, clock=clock)
+    stall = _Stall(clock, stall_timeout)
+    pods: dict[str, dict] = {}
     dedupe.update(rayjob, None, name, namespace)
     events: "queue.Queue[tuple[str, Any]]" = queue.Queue()
     followers = [Follower(kube, "RayJob", namespace, name, rayjob["metadata"].get("resourceVersion"), events),
                  Follower(kube, "ConfigMap", namespace, progress_name, None, events, optional=True)]
     for f in followers:
         f.start()
+
+    def watch_pods(current: JobState) -> None:
+        """Open the pod stream once the job needs explaining: while it is starting (or retrying),
+        or when training stalls. A job that runs and reports progress costs no pod stream."""
+        if len(followers) == 2 and (current.state in STARTING_STATES or current.stalled):
+            pod_follower = Follower(kube, "Pod", namespace, None, None, events,  # type: ignore[arg-type]
+                                    optional=True, labels=pod_selector(name))
+            followers.append(pod_follower)
+            pod_follower.start()
+
+    watch_pods(state)
     try:
         while True:
-            wait = None if deadline is None else deadline - clock()
-            if wait is not None and wait <= 0:
+            now = clock()
+            if deadline is not None and deadline - now <= 0:
                 raise WatchTimeout(f"{name} is still {state.state} after {_seconds(timeout)}; it keeps "
                                    f"running: submitter watch {name} -n {namespace} to continue")
+            if stall.expired(now):
+                raise WatchStalled(f"{name} made no progress for {duration(stall.limit or 0)} "
+                                   f"({state.state}{': ' + state.why if state.why else ''}); it keeps "
+                                   f"running: submitter status {name} -n {namespace}")
+            waits = [TICK] + ([deadline - now] if deadline is not None else [])
             try:
-                source, event = events.get(timeout=wait)
+                source, event = events.get(timeout=max(0.0, min(waits)))
             except queue.Empty:
+                # no event: only the stall warning can change
+                state = dedupe.refresh(stalled=stall.warning(state))
+                watch_pods(state)
                 continue
             if source == "error":
                 raise event
             if source == "warning":
-                warn(f"warning: no training progress: {event}")
+                what = "pods (no diagnosis)" if "pods" in str(event) else "training progress"
+                warn(f"warning: no {what}: {event}")
                 continue
             obj = event.get("object")
             if source == "RayJob":
                 rayjob = None if event["type"] == "DELETED" else obj
+            elif source == "Pod":
+                pod_name = ((obj or {}).get("metadata") or {}).get("name", "")
+                if event["type"] == "DELETED":
+                    pods.pop(pod_name, None)
+                else:
+                    pods[pod_name] = obj
             else:
                 configmap = None if event["type"] == "DELETED" else obj
-            state = dedupe.update(rayjob, configmap, name, namespace)
+            base = job_state(rayjob, configmap, name=name, namespace=namespace)
+            if source == "ConfigMap":
+                stall.saw_events(configmap_events(configmap))
+            stall.saw_state(base.state)
+            diagnosis = dedupe.diagnosis if source == "ConfigMap" else observer.diagnosis(list(pods.values()), base)
+            state = dedupe.update(rayjob, configmap, name, namespace, diagnosis=diagnosis,
+                                  stalled=stall.warning(base))
             if state.terminal:
                 state = _final_progress(kube, events, dedupe, rayjob, configmap, progress_name)
                 sink.done(state)
                 return state
+            watch_pods(state)
     finally:
         for f in followers:
             f.stop()
+
+
+class _Stall:
+    """When training last showed progress (on our clock), its cadence (from the events' own
+    timestamps: no clock skew between pod and laptop), and the last state change."""
+
+    def __init__(self, clock: Callable[[], float], limit: float | None) -> None:
+        self.clock, self.limit = clock, limit
+        self.times: list = []
+        self.last_seq = -1
+        self.last_progress: float | None = None
+        self.last_change = clock()
+        self.state = ""
+
+    def saw_events(self, events: list[dict[str, Any]]) -> None:
+        fresh = [e for e in events if e.get("type") == "progress"
+                 and isinstance(e.get("seq"), int) and e["seq"] > self.last_seq]
+        if not fresh:
+            return
+        self.last_seq = max(e["seq"] for e in fresh)
+        times = [t for t in (parse_time(e.get("time")) for e in fresh) if t is not None]
+        now = self.clock()
+        if self.last_progress is None and times:
+            # the first look: the newest event may already be old
+            now -= max(0.0, (utcnow() - max(times)).total_seconds())
+        self.times = sorted(self.times + times)[-200:]
+        self.last_progress = now
+        self.last_change = max(self.last_change, now)
+
+    def saw_state(self, state: str) -> None:
+        if state != self.state:
+            self.state, self.last_change = state, self.clock()
+
+    def warning(self, state: JobState) -> str:
+        if state.state != "RUNNING" or self.last_progress is None:
+            return ""
+        return stall_warning(self.clock() - self.last_progress, cadence(self.times))
+
+    def expired(self, now: float) -> bool:
+        return self.limit is not None and now - self.last_change > self.limit
 
 
 def _final_progress(kube: Kube, events: "queue.Queue[tuple[str, Any]]", dedupe: "_Dedupe",
@@ -169,10 +266,20 @@ class _Dedupe:
         self.last_status: tuple | None = None
         self.last_seq = -1
         self.seen_unnumbered: set[str] = set()
+        self.rayjob: dict | None = None
+        self.configmap: dict | None = None
+        self.diagnosis = self.stalled = ""
 
-    def update(self, rayjob: dict | None, configmap: dict | None, name: str, namespace: str) -> JobState:
+    def update(self, rayjob: dict | None, configmap: dict | None, name: str, namespace: str, *,
+               diagnosis: str | None = None, stalled: str | None = None) -> JobState:
         self.name, self.namespace = name, namespace
-        state = job_state(rayjob, configmap, name=name, namespace=namespace)
+        self.rayjob, self.configmap = rayjob, configmap
+        if diagnosis is not None:
+            self.diagnosis = diagnosis
+        if stalled is not None:
+            self.stalled = stalled
+        state = dataclasses.replace(job_state(rayjob, configmap, name=name, namespace=namespace),
+                                    diagnosis=self.diagnosis, stalled=self.stalled)
         for ev in configmap_events(configmap):
             seq = ev.get("seq")
             if isinstance(seq, int):
@@ -185,11 +292,16 @@ class _Dedupe:
                     continue
                 self.seen_unnumbered.add(key)
             self.sink.event(ev, state)
-        key = (state.state, state.job_status, state.deployment_status, state.reason, state.message)
+        key = (state.state, state.job_status, state.deployment_status, state.reason, state.message,
+               state.diagnosis, state.stalled)
         if key != self.last_status:
             self.last_status = key
             self.sink.status(state)
         return state
+
+    def refresh(self, *, stalled: str) -> JobState:
+        """Re-show the last snapshot with a new stall warning (a status line only if it changed)."""
+        return self.update(self.rayjob, self.configmap, self.name, self.namespace, stalled=stalled)
 
 
 # --- sinks ------------------------------------------------------------------------------------
@@ -226,7 +338,7 @@ class TextLines:
         self.out.flush()
 
     def status(self, state: JobState) -> None:
-        extra = ", ".join(x for x in (state.reason, state.message, state.note) if x)
+        extra = ", ".join(x for x in (state.reason, state.message, state.note, state.why) if x)
         self._write(f"{state.name} {state.state} (jobStatus {state.job_status or '-'}, deployment "
                     f"{state.deployment_status or '-'}){': ' + extra if extra else ''}")
 
@@ -259,7 +371,8 @@ class Live:
         for column, value in zip(COLUMNS[1:], row(state, utcnow())[1:]):
             table.add_row(column, value)
         lines = [table]
-        detail = " · ".join(x for x in (state.reason, state.message, state.note, self._last_event) if x)
+        detail = " · ".join(x for x in (state.reason, state.message, state.note, state.why,
+                                        self._last_event) if x)
         if detail:
             lines.append(detail)  # type: ignore[arg-type]
         return Group(*lines)

@@ -70,3 +70,10 @@ class JobFailed(SubmitterError):
     """The watched job ended FAILED or STOPPED."""
 
     exit_code = 1
+
+
+class WatchStalled(SubmitterError):
+    """`watch --stall-timeout` elapsed without training progress or a state change (the job is
+    left alone)."""
+
+    exit_code = 5

@@ -54,6 +54,7 @@ def _parse_path(path: str) -> parsing.ParsedPath:
 parsing.parse_path = _parse_path
 
 RAYJOBS = "ray.io/v1/rayjobs"
+RAYCLUSTERS = "ray.io/v1/rayclusters"
 
 
 @dataclass
@@ -128,6 +129,10 @@ class ApiEmulator(kmock.KubernetesEmulator):
     def install_rayjob_crd(self) -> None:
         self.resources[RAYJOBS] = kmock.ResourceInfo(
             kind="RayJob", singular="rayjob", namespaced=True, subresources={"status"},
+            verbs={"get", "list", "watch", "create", "patch", "update", "delete"})
+        # KubeRay installs its CRDs together: the RayCluster a RayJob runs on comes with it.
+        self.resources[RAYCLUSTERS] = kmock.ResourceInfo(
+            kind="RayCluster", singular="raycluster", namespaced=True, subresources={"status"},
             verbs={"get", "list", "watch", "create", "patch", "update", "delete"})
 
     def uninstall_rayjob_crd(self) -> None:
@@ -443,9 +448,10 @@ def _selected(obj: dict, params: dict) -> bool:
             return False
     for term in filter(None, params.get("fieldSelector", "").split(",")):
         key, _, value = term.partition("=")
-        if key == "metadata.name" and meta.get("name") != value:
-            return False
-        if key == "metadata.namespace" and meta.get("namespace") != value:
+        found: Any = obj  # a dotted path: metadata.name, involvedObject.kind, status.phase, ...
+        for part in key.split("."):
+            found = found.get(part) if isinstance(found, dict) else None
+        if (found or "") != value:
             return False
     return True
 
