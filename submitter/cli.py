@@ -16,7 +16,7 @@ from typing import Any, Callable
 import click
 
 from submitter import __version__
-from submitter.cli_options import cluster_options
+from submitter.cli_options import cluster_options, default_namespace
 from submitter.contract.errors import SubmitterError, UsageError
 from submitter.contract.spec import JobSpec, defaults, field_types, flag_name, parse_pairs
 
@@ -89,8 +89,11 @@ def spec_values(options: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]
     return file_values, flags
 
 
-def build_spec(options: dict[str, Any]) -> JobSpec:
+def build_spec(options: dict[str, Any], context: str | None = None, kubeconfig: str | None = None) -> JobSpec:
+    """The job's spec; without -n and a job-file namespace, the kubeconfig context's (kubectl's rule)."""
     file_values, flags = spec_values(options)
+    if "namespace" not in flags and "namespace" not in file_values:
+        flags["namespace"] = default_namespace(context, kubeconfig)
     return JobSpec.build(file_values, **flags)
 
 
@@ -210,6 +213,6 @@ def submit(local: bool, dry_run: str, watch_after: bool, output: str, kube_conte
         sys.exit(run_local(file_values, flags, output=output))
     from submitter.cluster import submit_job
 
-    spec = build_spec(options)
+    spec = build_spec(options, kube_context, kubeconfig)
     sys.exit(submit_job(spec, dry_run=dry_run, watch=watch_after, output=output,
                         context=kube_context, kubeconfig=kubeconfig))

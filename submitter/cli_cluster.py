@@ -6,17 +6,20 @@ Each takes -n/--namespace, --context and --kubeconfig (in a pod, the in-cluster 
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 from typing import Any, Callable
 
 import click
 
-from submitter.cli_options import cluster_options
+from submitter.cli_options import OutputChoice, cluster_options, default_namespace
 from submitter.contract.errors import UsageError
-from submitter.contract.spec import defaults
+from submitter.state import STATES
 
-_NAMESPACE = defaults()["namespace"]
+
+#: `list --state` values (a listed job is never DELETED).
+_STATES = tuple(s for s in STATES if s != "DELETED")
 
 
 def _kube(kube_context: str | None, kubeconfig: str | None) -> Any:
@@ -26,14 +29,45 @@ def _kube(kube_context: str | None, kubeconfig: str | None) -> Any:
 
 
 def namespace_option(func: Callable[..., Any]) -> Callable[..., Any]:
-    return click.option("-n", "--namespace", default=_NAMESPACE, show_default=True,
-                        help="Kubernetes namespace of the job")(func)
+    """-n/--namespace; without it, the kubeconfig context's namespace (kubectl's rule)."""
+
+    @functools.wraps(func)
+    def resolved(*args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("namespace") is None:
+            kwargs["namespace"] = default_namespace(kwargs.get("kube_context"), kwargs.get("kubeconfig"))
+        return func(*args, **kwargs)
+
+    return click.option("-n", "--namespace", default=None, metavar="NAMESPACE",
+                        help="Kubernetes namespace of the job [default: the kubeconfig context's "
+                             "namespace, else default]")(resolved)
 
 
 def job_command(func: Callable[..., Any]) -> Callable[..., Any]:
-    """NAME + -n/--namespace + --context/--kubeconfig; the name is validated like submit's."""
+    """NAME + -n/--namespace + --context/--kubeconfig; the name is validated like submit's and
+    completed from the cluster (shell completion)."""
     func = cluster_options(namespace_option(func))
-    return click.argument("name", callback=_check_name)(func)
+    return click.argument("name", callback=_check_name, shell_complete=complete_job_names)(func)
+
+
+def complete_job_names(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[str]:
+    """Shell completion of NAME: the submitter RayJobs in the namespace -n/--context/--kubeconfig
+    point at (one list request, no retries). Silent on any error: a shell prompt is no place for
+    a traceback or a login failure."""
+    import os
+
+    try:
+        os.environ.setdefault("SUBMITTER_API_RETRIES", "0")
+        from submitter.contract.naming import JOB_LABEL
+        from submitter.kube import Kube
+
+        p = ctx.params
+        kube = Kube(context=p.get("kube_context"), kubeconfig=p.get("kubeconfig"))
+        namespace = p.get("namespace") or default_namespace(p.get("kube_context"), p.get("kubeconfig"))
+        items = kube.list("RayJob", namespace, selector=JOB_LABEL).get("items") or []
+        names = sorted({(i.get("metadata") or {}).get("name", "") for i in items})
+        return [n for n in names if n and n.startswith(incomplete)]
+    except Exception:
+        return []
 
 
 def _check_name(ctx: click.Context, param: click.Parameter, value: str) -> str:
@@ -44,13 +78,13 @@ def _check_name(ctx: click.Context, param: click.Parameter, value: str) -> str:
 
 
 def _objects_output(func: Callable[..., Any]) -> Callable[..., Any]:
-    return click.option("-o", "--output", type=click.Choice(["table", "json", "yaml"]), default="table",
+    return click.option("-o", "--output", type=OutputChoice(["table", "json", "yaml"]), default="table",
                         show_default=True, help="table, or the normalized state as json/yaml")(func)
 
 
-def _print_states(states: list, output: str, single: bool) -> None:
+def _print_states(states: list, output: str, single: bool, *, namespaces: bool = False) -> None:
     from submitter.plan import to_yaml
-    from submitter.state import COLUMNS, row, utcnow
+    from submitter.state import table, utcnow
 
     data = [s.to_dict() for s in states]
     if output == "json":
@@ -58,28 +92,40 @@ def _print_states(states: list, output: str, single: bool) -> None:
     elif output == "yaml":
         click.echo(to_yaml(data[0] if single else data, stream=False), nl=False)
     else:
-        now = utcnow()
-        rows = [COLUMNS] + [row(s, now) for s in states]
-        widths = [max(len(r[i]) for r in rows) for i in range(len(COLUMNS))]
+        rows = table(states, utcnow(), namespaces=namespaces, wide=output == "wide")
+        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
         for r in rows:
             click.echo("  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip())
         notes = [f"{s.name}: {s.note}" for s in states if s.note]
         for note in notes:
             click.echo(f"note: {note}", err=True)
+        if single:
+            for s in states:
+                if s.diagnosis:
+                    click.echo(f"blocked: {s.diagnosis}")
+                if s.stalled:
+                    click.echo(f"warning: {s.stalled}")
 
 
 @click.command()
 @job_command
 @click.option("--timeout", default=None, metavar="DURATION",
               help="stop watching after this long (e.g. 90s, 30m, 2h) and exit 3; the job keeps running")
-@click.option("-o", "--output", type=click.Choice(["text", "json"]), default="text", show_default=True,
+@click.option("--stall-timeout", default=None, metavar="DURATION",
+              help="exit 5 when the job shows no training progress and no state change for this "
+                   "long (e.g. 30m); the job keeps running")
+@click.option("-o", "--output", type=OutputChoice(["text", "json"]), default="text", show_default=True,
               help="text (a live table in a terminal) or JSON lines")
-def watch(name: str, namespace: str, timeout: str | None, output: str, kube_context: str | None,
-          kubeconfig: str | None) -> None:
+def watch(name: str, namespace: str, timeout: str | None, stall_timeout: str | None, output: str,
+          kube_context: str | None, kubeconfig: str | None) -> None:
     """Watch a job until it ends; the exit code is the outcome.
 
-    Exit codes: 0 succeeded, 1 failed or stopped, 3 --timeout elapsed. Ctrl-C stops watching
-    and leaves the job running.
+    Exit codes: 0 succeeded, 1 failed or stopped, 3 --timeout elapsed, 5 --stall-timeout
+    elapsed without progress. Ctrl-C stops watching and leaves the job running. While the job
+    cannot start, the first blocking reason (image pull, Unschedulable, OOMKilled,
+    CrashLoopBackOff, evicted/preempted pods, an unbound claim) is shown with its state; a
+    running job that stops reporting progress for far longer than its own cadence gets a
+    warning.
 
     \b
     Examples:
@@ -90,7 +136,9 @@ def watch(name: str, namespace: str, timeout: str | None, output: str, kube_cont
     from submitter.cluster import watch_job
 
     seconds = parse_duration(timeout) if timeout else None
-    sys.exit(watch_job(_kube(kube_context, kubeconfig), namespace, name, output=output, timeout=seconds))
+    stall = parse_duration(stall_timeout, "--stall-timeout") if stall_timeout else None
+    sys.exit(watch_job(_kube(kube_context, kubeconfig), namespace, name, output=output, timeout=seconds,
+                       stall_timeout=stall))
 
 
 @click.command()
@@ -98,6 +146,11 @@ def watch(name: str, namespace: str, timeout: str | None, output: str, kube_cont
 @_objects_output
 def status(name: str, namespace: str, output: str, kube_context: str | None, kubeconfig: str | None) -> None:
     """Show one job's normalized state, KubeRay's raw statuses and its training progress.
+
+    A job that cannot start or run shows the first blocking reason from its pods, their events
+    and the RayCluster (e.g. "blocked: Unschedulable: pod/...: 0/3 nodes are available: 3
+    Insufficient nvidia.com/gpu"); a running job without progress for far longer than its own
+    cadence shows a warning.
 
     \b
     Examples:
@@ -112,25 +165,38 @@ def status(name: str, namespace: str, output: str, kube_context: str | None, kub
 @click.command(name="list")
 @namespace_option
 @cluster_options
-@click.option("-A", "--all-namespaces", is_flag=True, help="jobs of every namespace")
-@_objects_output
-def list_command(namespace: str, all_namespaces: bool, output: str, kube_context: str | None,
-                 kubeconfig: str | None) -> None:
+@click.option("-A", "--all-namespaces", is_flag=True, help="jobs of every namespace (adds a NAMESPACE column)")
+@click.option("-l", "--selector", metavar="SELECTOR",
+              help="only jobs whose labels match, as kubectl: key=value, key!=value, key, !key")
+@click.option("--state", "states", multiple=True, metavar="STATE",
+              type=click.Choice(list(_STATES), case_sensitive=False),
+              help=f"only jobs in this state (repeatable): {', '.join(_STATES)}")
+@click.option("-o", "--output", type=OutputChoice(["table", "wide", "json", "yaml"]), default="table",
+              show_default=True, help="table, wide (also the RayCluster and KubeRay's reason), json or yaml")
+def list_command(namespace: str, all_namespaces: bool, selector: str | None, states: tuple[str, ...],
+                 output: str, kube_context: str | None, kubeconfig: str | None) -> None:
     """List the jobs submitter manages, one row each.
 
     \b
     Examples:
       submitter list
+      submitter list -A
+      submitter list -l team=nlp --state RUNNING --state STARTING -o wide
       submitter list -A -o json
     """
     from submitter.cluster import list_jobs
 
-    states = list_jobs(_kube(kube_context, kubeconfig), None if all_namespaces else namespace)
-    if not states and output == "table":
+    found = list_jobs(_kube(kube_context, kubeconfig), None if all_namespaces else namespace,
+                      selector=selector)
+    wanted = {s.upper() for s in states}
+    found = [s for s in found if not wanted or s.state in wanted]
+    if not found and output in ("table", "wide"):
         where = "any namespace" if all_namespaces else f"namespace {namespace}"
-        click.echo(f"no submitter jobs in {where}", err=True)
+        filters = "".join([f" matching {selector}" if selector else "",
+                           f" in state {'/'.join(sorted(wanted))}" if wanted else ""])
+        click.echo(f"no submitter jobs{filters} in {where}", err=True)
         return
-    _print_states(states, output, single=False)
+    _print_states(found, output, single=False, namespaces=all_namespaces)
 
 
 @click.command()
@@ -196,17 +262,17 @@ def resume(name: str, namespace: str, watch_after: bool, kube_context: str | Non
         sys.exit(watch_job(kube, namespace, name))
 
 
-def parse_duration(text: str) -> float:
+def parse_duration(text: str, flag: str = "--timeout") -> float:
     """90 / 90s / 30m / 2h / 1h30m -> seconds; anything else is a usage error."""
     import re
 
     match = re.fullmatch(r"(?:(\d+)h)?(?:(\d+)m)?(?:(\d+(?:\.\d+)?)s?)?", text.strip())
     if not text.strip() or not match or not any(match.groups()):
-        raise UsageError(f"--timeout {text!r} is not a duration; use e.g. 90s, 30m, 2h or 1h30m")
+        raise UsageError(f"{flag} {text!r} is not a duration; use e.g. 90s, 30m, 2h or 1h30m")
     h, m, s = match.groups()
     seconds = int(h or 0) * 3600 + int(m or 0) * 60 + float(s or 0)
     if seconds <= 0:
-        raise UsageError(f"--timeout {text!r} must be positive")
+        raise UsageError(f"{flag} {text!r} must be positive")
     return seconds
 
 

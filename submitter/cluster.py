@@ -15,6 +15,7 @@ from typing import Any, Iterator, TextIO
 
 from submitter.contract.errors import ClusterError, Conflict, CrdMissing, Forbidden, NotFound, Preflight
 from submitter.kube import KUBERAY_INSTALL, Kube
+from submitter.observe import explain
 from submitter.plan import Plan, to_yaml
 from submitter.contract import naming
 from submitter.render import render
@@ -206,14 +207,14 @@ def existing_rayjob(kube: Kube, namespace: str, name: str) -> dict:
 def status(kube: Kube, namespace: str, name: str) -> JobState:
     rayjob = existing_rayjob(kube, namespace, name)
     configmap = kube.find("ConfigMap", namespace, job_names(name, namespace)["progress"])
-    return job_state(rayjob, configmap, name=name, namespace=namespace)
+    return explain(kube, job_state(rayjob, configmap, name=name, namespace=namespace), configmap)
 
 
-def list_jobs(kube: Kube, namespace: str | None) -> list[JobState]:
-    """Every submitter RayJob (two list requests, joined locally)."""
-    selector = {"app.kubernetes.io/managed-by": "submitter"}
-    rayjobs = kube.list("RayJob", namespace, labels=selector).get("items") or []
-    configmaps = kube.list("ConfigMap", namespace, labels=selector).get("items") or []
+def list_jobs(kube: Kube, namespace: str | None, *, selector: str | None = None) -> list[JobState]:
+    """Every submitter RayJob (two list requests, joined locally); `selector`: `list -l`."""
+    managed = {"app.kubernetes.io/managed-by": "submitter"}
+    rayjobs = kube.list("RayJob", namespace, labels=managed, selector=selector).get("items") or []
+    configmaps = kube.list("ConfigMap", namespace, labels=managed).get("items") or []
     return join(rayjobs, configmaps, lambda job: job_names(job, "default")["progress"])
 
 

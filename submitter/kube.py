@@ -188,9 +188,12 @@ class Kube:
         except NotFound:
             return None
 
-    def list(self, kind: str, namespace: str | None, *, labels: dict[str, str] | None = None) -> dict:
+    def list(self, kind: str, namespace: str | None, *, labels: dict[str, str] | None = None,
+             selector: str | None = None) -> dict:
+        """List; `labels` (exact matches) and `selector` (kubectl's -l syntax) are ANDed."""
         k = KINDS[kind]
-        selector = ",".join(f"{key}={value}" for key, value in (labels or {}).items()) or None
+        selector = ",".join([f"{key}={value}" for key, value in (labels or {}).items()]
+                            + ([selector] if selector else [])) or None
         return self.request("GET", k.path(namespace), query={"labelSelector": selector},
                             what=("list", k, namespace, None))
 

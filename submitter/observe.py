@@ -18,7 +18,7 @@ from submitter.contract.errors import ClusterError
 from submitter.contract.naming import JOB_LABEL
 from submitter.diagnose import CLUSTER_LABEL, diagnose, job_pods, needs_events, pending_claims
 from submitter.kube import Kube
-from submitter.state import JobState, configmap_events, job_state, stalled, utcnow
+from submitter.state import JobState, configmap_events, stalled, utcnow
 
 #: States in which a missing pod or a RayCluster condition can be what holds the job.
 STARTING_STATES = frozenset({"PENDING", "STARTING", "RETRYING", "UNKNOWN"})
@@ -101,16 +101,12 @@ class Observer:
             return None
 
 
-def status(kube: Kube, namespace: str, name: str) -> JobState:
-    """`submitter status`: the job's state with its blocking reason and a stall warning."""
+def explain(kube: Kube, state: JobState, configmap: dict | None) -> JobState:
+    """`submitter status`: the job's state with its blocking reason and a stall warning (one
+    pod list, plus events/claims/the RayCluster only when a pod or KubeRay shows a problem)."""
     import dataclasses
 
-    from submitter.cluster import existing_rayjob, job_names
-
-    rayjob = existing_rayjob(kube, namespace, name)
-    configmap = kube.find("ConfigMap", namespace, job_names(name, namespace)["progress"])
-    state = job_state(rayjob, configmap, name=name, namespace=namespace)
-    observer = Observer(kube, namespace, name)
+    observer = Observer(kube, state.namespace, state.name)
     diagnosis = "" if state.terminal and state.state != "FAILED" else \
         observer.diagnosis(observer.pods(state.ray_cluster), state)
     return dataclasses.replace(state, diagnosis=diagnosis,

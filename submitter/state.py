@@ -222,6 +222,25 @@ def row(s: JobState, now: datetime) -> tuple[str, ...]:
             p.last_checkpoint or "-", str(s.restarts), age(s.created, now))
 
 
+#: `list -o wide` adds these.
+WIDE_COLUMNS = ("RAY CLUSTER", "REASON")
+
+
+def table(states: list[JobState], now: datetime, *, namespaces: bool = False,
+          wide: bool = False) -> list[tuple[str, ...]]:
+    """The header and one row per job; NAMESPACE first with `-A` (as kubectl)."""
+    header = (("NAMESPACE",) if namespaces else ()) + COLUMNS + (WIDE_COLUMNS if wide else ())
+    rows = [header]
+    for s in states:
+        cells = row(s, now)
+        if namespaces:
+            cells = (s.namespace,) + cells
+        if wide:
+            cells += (s.ray_cluster or "-", " ".join(x for x in (s.reason, s.message) if x) or "-")
+        rows.append(cells)
+    return rows
+
+
 def age(created: str | None, now: datetime) -> str:
     """kubectl-style age: 45s, 12m, 3h, 5d."""
     if not created:

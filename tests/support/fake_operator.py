@@ -83,3 +83,42 @@ class FakeOperator:
 
     def driver_lines(self) -> list[str]:
         return ["2026-11-22 01:00:00,000 INFO -- Job submitted", *(to_stdout_line(e) for e in self.events)]
+
+
+# --- the cluster around the job: pods, events, claims, the RayCluster ---------------------------
+# (shapes from tests/support/pod_fixtures.py; what the kubelet, the scheduler and KubeRay write)
+
+class FakeCluster:
+    """Puts the job's pods, their events, claims and the RayCluster into the emulator."""
+
+    def __init__(self, emulator: ApiEmulator, name: str, namespace: str = "default") -> None:
+        self.emu, self.name, self.namespace = emulator, name, namespace
+        self.ray_cluster = f"{name}-raycluster-abcde"  # FakeOperator.initialize()'s rayClusterName
+        self._events = 0
+
+    def pod(self, node_type: str = "head", **kwargs: object) -> dict:
+        from tests.support import pod_fixtures
+
+        obj = pod_fixtures.pod(self.name, node_type, namespace=self.namespace, **kwargs)  # type: ignore[arg-type]
+        return self.emu.put("v1", "pods", obj)
+
+    def remove_pod(self, pod: dict) -> None:
+        self.emu.remove("v1/pods", self.namespace, pod["metadata"]["name"])
+
+    def event(self, obj: dict, reason: str, message: str, **kwargs: object) -> dict:
+        from tests.support import pod_fixtures
+
+        self._events += 1
+        return self.emu.put("v1", "events", pod_fixtures.event(obj, reason, message, n=self._events, **kwargs))  # type: ignore[arg-type]
+
+    def pvc(self, name: str, phase: str = "Pending", **kwargs: object) -> dict:
+        from tests.support import pod_fixtures
+
+        return self.emu.put("v1", "persistentvolumeclaims",
+                            pod_fixtures.pvc(name, phase, namespace=self.namespace, **kwargs))  # type: ignore[arg-type]
+
+    def raycluster(self, conditions: list[dict]) -> dict:
+        from tests.support import pod_fixtures
+
+        return self.emu.put("ray.io/v1", "rayclusters",
+                            pod_fixtures.raycluster(self.ray_cluster, conditions, namespace=self.namespace))

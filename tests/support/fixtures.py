@@ -3,6 +3,7 @@
 - `api`: a fresh Kubernetes API emulator on 127.0.0.1 (real HTTP, the RayJob CRD, namespace
   `default`), with fast client retries; `kubeconfig` points at it; `kube` is a client for it.
 - `operator(name)`: a fake KubeRay operator that moves RayJobs through KubeRay's real status values.
+- `cluster(name)`: the job's pods, their events, claims and RayCluster, as the cluster writes them.
 - `storage`: a fresh absolute directory the local storage policy accepts (it refuses /tmp).
 - `runner`: click's CLI runner.
 """
@@ -36,6 +37,14 @@ def kube(kubeconfig: str) -> Any:
     from submitter.kube import Kube
 
     return Kube(kubeconfig=kubeconfig)
+
+
+@pytest.fixture
+def cluster(api: Running) -> Any:
+    """`cluster(name, namespace="default")`: the job's pods, events, claims and RayCluster."""
+    from tests.support.fake_operator import FakeCluster
+
+    return lambda name, namespace="default": FakeCluster(api.emulator, name, namespace)
 
 
 @pytest.fixture

@@ -442,9 +442,21 @@ def _verb(method: str, route: Route, params: dict) -> str:
 
 def _selected(obj: dict, params: dict) -> bool:
     meta = obj.get("metadata", {})
+    labels = meta.get("labels") or {}
     for term in filter(None, params.get("labelSelector", "").split(",")):
-        key, _, value = term.partition("=")
-        if meta.get("labels", {}).get(key) != value:
+        term = term.strip()  # equality-based selectors: k=v, k==v, k!=v, k (exists), !k
+        if "!=" in term:
+            key, value = term.split("!=", 1)
+            if labels.get(key.strip()) == value.strip():
+                return False
+        elif "=" in term:
+            key, value = term.replace("==", "=").split("=", 1)
+            if labels.get(key.strip()) != value.strip():
+                return False
+        elif term.startswith("!"):
+            if term[1:].strip() in labels:
+                return False
+        elif term not in labels:
             return False
     for term in filter(None, params.get("fieldSelector", "").split(",")):
         key, _, value = term.partition("=")
