@@ -120,9 +120,14 @@ def watch(name: str, namespace: str, timeout: str | None, stall_timeout: str | N
           kube_context: str | None, kubeconfig: str | None) -> None:
     """Watch a job until it ends; the exit code is the outcome.
 
-    Exit codes: 0 succeeded, 1 failed or stopped, 3 --timeout elapsed, 5 --stall-timeout
-    elapsed without progress. Ctrl-C stops watching and leaves the job running. While the job
-    cannot start, the first blocking reason (image pull, Unschedulable, OOMKilled,
+    \b
+    Exit codes:
+      0  succeeded
+      1  failed or stopped
+      3  --timeout elapsed (the job keeps running)
+      5  --stall-timeout elapsed without progress (the job keeps running)
+
+    Ctrl-C stops watching and leaves the job running. While the job cannot start, the first blocking reason (image pull, Unschedulable, OOMKilled,
     CrashLoopBackOff, evicted/preempted pods, an unbound claim) is shown with its state; a
     running job that stops reporting progress for far longer than its own cadence gets a
     warning.

@@ -97,3 +97,53 @@ def test_join_pairs_jobs_with_their_progress_configmap_per_namespace():
                                                              tokens_per_sec=1.0, lr=1.0))}}]
     states = join(rj, cms, lambda job: f"{job}-progress")
     assert [(s.namespace, s.name, s.progress.step) for s in states] == [("x", "b", None), ("y", "a", 10)]
+
+
+# --- stall detection and the list table ------------------------------------------------------
+
+from submitter.state import JobState, cadence, progress_times, stall_threshold, stall_warning, stalled, table  # noqa: E402
+
+
+def _progress(times):
+    return [make_event("progress", seq=i, epoch=1, step=i, loss=1.0, tokens_per_sec=1.0, lr=1.0,
+                       time=f"2026-11-22T{t}Z") for i, t in enumerate(times)]
+
+
+def test_cadence_is_the_median_interval_between_progress_events():
+    times = progress_times(_progress(["01:00:00", "01:00:30", "01:01:00", "01:05:00", "01:05:30"])
+                           + [make_event("run_finished", time="2026-11-22T02:00:00Z")])
+    assert len(times) == 5 and cadence(times) == 30.0  # the 4-minute checkpoint pause is not the cadence
+    assert cadence(times[:1]) is None
+
+
+@pytest.mark.parametrize("median, idle, warned", [
+    (30.0, 299.0, False),    # under the 5-minute floor
+    (30.0, 301.0, True),
+    (60.0, 599.0, False),    # 10 x the cadence is longer than the floor
+    (60.0, 601.0, True),
+    (None, 10_000.0, False),  # no cadence yet: nothing to compare with
+])
+def test_stall_threshold_is_max_of_5_minutes_and_10_cadences(median, idle, warned):
+    assert stall_threshold(60.0) == 600.0 and stall_threshold(None) == 300.0
+    text = stall_warning(idle, median)
+    assert bool(text) is warned
+    if warned:
+        assert "no training progress for" in text
+
+
+def test_status_stall_only_for_a_running_job():
+    events = _progress(["01:00:00", "01:00:30", "01:01:00"])
+    now = datetime(2026, 11, 22, 1, 20, tzinfo=timezone.utc)
+    running = JobState("j", "ns", "RUNNING")
+    assert "19m00s" in stalled(running, events, now)
+    assert stalled(running, events, datetime(2026, 11, 22, 1, 4, tzinfo=timezone.utc)) == ""
+    assert stalled(JobState("j", "ns", "STARTING"), events, now) == ""
+
+
+def test_table_namespace_column_with_all_namespaces_and_wide_columns():
+    s = JobState("j", "team-a", "FAILED", reason="AppFailed", message="exit 1", ray_cluster="j-raycluster-x")
+    now = datetime(2026, 11, 22, 3, 0, tzinfo=timezone.utc)
+    plain, wide_all = table([s], now), table([s], now, namespaces=True, wide=True)
+    assert plain[0][0] == "JOB" and "NAMESPACE" not in plain[0]
+    assert wide_all[0][:2] == ("NAMESPACE", "JOB") and wide_all[0][-2:] == ("RAY CLUSTER", "REASON")
+    assert wide_all[1][:2] == ("team-a", "j") and wide_all[1][-2:] == ("j-raycluster-x", "AppFailed exit 1")
