@@ -162,17 +162,18 @@ def test_a_quiet_minute_of_a_stuck_job_costs_at_most_3_requests(api, job, cluste
             clock.now += 1.0
             time.sleep(0.01)
         counts.append(len(api.emulator.log) - quiet)
+        setup.extend(api.emulator.log[mark:quiet])
         job.run()
         job.succeed()
 
     counts: list[int] = []
+    setup: list = []
     thread, errors = in_background(script)
     final = follow(kube, "default", NAME, f"{NAME}-progress", Sink(io.StringIO()), timeout=3600, clock=clock)
     thread.join(5)
     assert not errors and final.state == "SUCCEEDED"
     assert any(d.startswith("ImagePullBackOff: ") for d in seen)
     assert counts[0] <= 3, api.emulator.log[-10:]
-    setup = api.emulator.requests_since(mark)
     # GET + 3 watches + the diagnosis reads (the head's events, the RayCluster once): no polling
     assert len(setup) <= 6, setup
 
