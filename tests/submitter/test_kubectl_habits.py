@@ -158,3 +158,16 @@ def test_completion_is_silent_when_the_cluster_is_unreachable(tmp_path):
     done = _complete(cfg, ["submitter", "status", ""])
     assert done.returncode == 0 and done.stdout.strip() == "" and done.stderr == ""
     assert time.monotonic() - started < 20  # no retry loop at a shell prompt
+
+
+def test_the_readmes_completion_lines_produce_a_script_for_each_shell():
+    from tests.conftest import ROOT
+
+    lines = [line for line in (ROOT / "README.md").read_text().splitlines() if "_SUBMITTER_COMPLETE=" in line]
+    shells = {}
+    for line in lines:
+        mode = line.split("_SUBMITTER_COMPLETE=")[1].split()[0].rstrip(")")
+        done = subprocess.run([sys.executable, "-c", "from submitter.cli import main; main(prog_name='submitter')"],
+                              env={**os.environ, "_SUBMITTER_COMPLETE": mode}, capture_output=True, text=True)
+        shells[mode] = done.returncode == 0 and "_submitter_completion" in done.stdout
+    assert shells == {"bash_source": True, "zsh_source": True, "fish_source": True}
