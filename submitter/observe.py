@@ -5,7 +5,8 @@ Why a class with caches: `watch` re-diagnoses on every pod or RayJob change, and
 within a few API requests per minute while nothing changes. Events and claims are read only for
 pods that are not running and do not explain themselves, and again only when such a pod changes
 (its resourceVersion); the RayCluster (whose conditions matter when KubeRay cannot even create
-pods) is read only while the job is starting and at most once per `cluster_every` seconds.
+pods, e.g. a quota) is read only while the job is starting and at most once per `cluster_every`
+seconds (60: at most one request a minute while nothing changes).
 Every read is optional: RBAC that forbids it (or an object that is gone) leaves that part out.
 """
 
@@ -87,8 +88,6 @@ class Observer:
         if self._cluster is not None and self._cluster[1] == state.ray_cluster and \
                 now - self._cluster[0] < self.cluster_every:
             return self._cluster[2]
-        if mine and self._cluster is not None and self._cluster[1] == state.ray_cluster:
-            return self._cluster[2]  # the pods tell the story; KubeRay's conditions add nothing new
         found = self._read(lambda: self.kube.get_raycluster(self.namespace, state.ray_cluster))
         self._cluster = (now, state.ray_cluster, found)
         return found

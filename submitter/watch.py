@@ -157,8 +157,12 @@ def follow(kube: Kube, namespace: str, name: str, progress_name: str, sink: Sink
             try:
                 source, event = events.get(timeout=max(0.0, min(waits)))
             except queue.Empty:
-                # no event: only the stall warning can change
-                state = dedupe.refresh(stalled=stall.warning(state))
+                # No event. The stall warning can change; and a job starting without pods may be
+                # held by KubeRay itself (a RayCluster condition, e.g. a quota): the observer
+                # re-reads the RayCluster at most once per minute, and only then.
+                diagnosis = observer.diagnosis(list(pods.values()), state) \
+                    if state.state in STARTING_STATES else None
+                state = dedupe.refresh(stalled=stall.warning(state), diagnosis=diagnosis)
                 watch_pods(state)
                 continue
             if source == "error":
@@ -299,9 +303,11 @@ class _Dedupe:
             self.sink.status(state)
         return state
 
-    def refresh(self, *, stalled: str) -> JobState:
-        """Re-show the last snapshot with a new stall warning (a status line only if it changed)."""
-        return self.update(self.rayjob, self.configmap, self.name, self.namespace, stalled=stalled)
+    def refresh(self, *, stalled: str, diagnosis: str | None = None) -> JobState:
+        """Re-show the last snapshot with a new stall warning or diagnosis (a status line only
+        if one changed)."""
+        return self.update(self.rayjob, self.configmap, self.name, self.namespace, stalled=stalled,
+                           diagnosis=diagnosis)
 
 
 # --- sinks ------------------------------------------------------------------------------------

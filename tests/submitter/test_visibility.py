@@ -224,3 +224,39 @@ def test_progress_resets_the_stall_clock(api, job, kube):
                    clock=clock, stall_timeout=300)
     thread.join(5)
     assert not errors and final.state == "SUCCEEDED"
+
+
+def test_watch_sees_a_replica_failure_that_appears_later_at_one_request_a_minute(api, job, cluster, kube):
+    """No pods and no RayJob change: only the RayCluster knows (KubeRay hit a quota)."""
+    c = cluster(NAME)
+    c.raycluster([])
+    clock = FakeClock(1000.0)
+    mark = len(api.emulator.log)
+    seen: list[str] = []
+    reads: list[int] = []
+
+    class Sink(JsonLines):
+        def status(self, state):
+            seen.append(state.diagnosis)
+            super().status(state)
+
+    def script():
+        watches_open(api, mark, 3)
+        c.raycluster(pf.replica_failure())
+        time.sleep(0.3)
+        assert not any(seen)  # not read again within the minute
+        before = len(api.emulator.log)
+        for _ in range(3):  # three quiet minutes
+            clock.now += 61.0
+            time.sleep(1.5)  # the watch loop ticks once a second
+        reads.append(len([r for r in api.emulator.log[before:] if "rayclusters" in r[1]]))
+        reads.append(len(api.emulator.log) - before)
+        job.run()
+        job.succeed()
+
+    thread, errors = in_background(script)
+    follow(kube, "default", NAME, f"{NAME}-progress", Sink(io.StringIO()), timeout=3600, clock=clock)
+    thread.join(5)
+    assert not errors
+    assert any(d.startswith(f"FailedCreateHeadPod: raycluster/{RC}: ") for d in seen)
+    assert 1 <= reads[0] <= 3 and reads[1] == reads[0]  # one RayCluster GET per minute, nothing else
