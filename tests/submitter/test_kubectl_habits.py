@@ -50,6 +50,20 @@ def test_default_namespace_follows_the_context(tmp_path, monkeypatch):
     assert default_namespace("x") == "x-ns"
 
 
+def test_in_a_pod_without_a_kubeconfig_the_service_accounts_namespace(tmp_path, monkeypatch):
+    import submitter.cli_options as options
+
+    monkeypatch.delenv("KUBECONFIG", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.0.0.1")
+    sa = tmp_path / "namespace"
+    sa.write_text("ml-jobs\n")
+    monkeypatch.setattr(options, "SERVICE_ACCOUNT_NAMESPACE", str(sa))
+    assert default_namespace() == "ml-jobs"
+    sa.unlink()
+    assert default_namespace() == "default"
+
+
 def test_render_uses_the_contexts_namespace_without_importing_kubernetes(tmp_path):
     cfg = _kubeconfig(tmp_path / "cfg", {"team-a": "team-a"}, "team-a")
     code = ("import sys; from submitter.cli import main; main(['render', '--name', 'j'])")
