@@ -260,3 +260,15 @@ def test_watch_sees_a_replica_failure_that_appears_later_at_one_request_a_minute
     assert not errors
     assert any(d.startswith(f"FailedCreateHeadPod: raycluster/{RC}: ") for d in seen)
     assert 1 <= reads[0] <= 3 and reads[1] == reads[0]  # one RayCluster GET per minute, nothing else
+
+
+def test_watch_without_pod_rbac_warns_once_and_still_follows_the_job(api, job, kube):
+    api.emulator.deny("watch", "pods")
+    warnings: list[str] = []
+    mark = len(api.emulator.log)
+    thread, errors = in_background(lambda: (watches_open(api, mark, 3), time.sleep(0.2), job.run(), job.succeed()))
+    final = follow(kube, "default", NAME, f"{NAME}-progress", JsonLines(io.StringIO()), timeout=20,
+                   warn=warnings.append)
+    thread.join(5)
+    assert not errors and final.state == "SUCCEEDED"
+    assert len(warnings) == 1 and "no pods (no diagnosis)" in warnings[0] and "you may not watch pods" in warnings[0]
