@@ -168,7 +168,7 @@ def follow(kube: Kube, namespace: str, name: str, progress_name: str, sink: Sink
             if source == "error":
                 raise event
             if source == "warning":
-                what = "pods (no diagnosis)" if "pods" in str(event) else "training progress"
+                what = "diagnosis from the pods" if "pods" in str(event) else "training progress"
                 warn(f"warning: no {what}: {event}")
                 continue
             obj = event.get("object")

@@ -271,4 +271,4 @@ def test_watch_without_pod_rbac_warns_once_and_still_follows_the_job(api, job, k
                    warn=warnings.append)
     thread.join(5)
     assert not errors and final.state == "SUCCEEDED"
-    assert len(warnings) == 1 and "no pods (no diagnosis)" in warnings[0] and "you may not watch pods" in warnings[0]
+    assert len(warnings) == 1 and "no diagnosis from the pods" in warnings[0] and "you may not watch pods" in warnings[0]
