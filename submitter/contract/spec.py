@@ -608,6 +608,9 @@ class JobSpec:
             _check_field(f, getattr(self, f.name))
         if self.fsdp and not self.gpu_per_pod:
             raise SpecError(FSDP_NEEDS_GPUS)
+        if self.gpu_type is not None and not self.gpu_per_pod:
+            raise SpecError(f"--gpu-type {self.gpu_type} selects GPU nodes for GPU workers: add "
+                            "--gpu-per-pod N, or leave out --gpu-type")
         _check_fit(self)
 
     # --- derived values (pure; the same on the laptop and in the pod) -------------------------------
