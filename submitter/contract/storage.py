@@ -22,13 +22,13 @@ from submitter.contract.errors import StoragePolicyError
 OBJECT_STORE_SCHEMES = frozenset({"s3", "gs", "gcs", "abfs", "abfss"})
 #: Schemes a user may reasonably write that the image cannot open: the fix for each.
 SCHEME_FIXES = {
-    "s3a": "write s3:// (s3a:// is Hadoop's name; pyarrow knows s3://)",
-    "s3n": "write s3:// (s3n:// is Hadoop's name; pyarrow knows s3://)",
-    "az": "write abfss://CONTAINER@ACCOUNT.dfs.core.windows.net/... (az:// needs adlfs, "
+    "s3a": "use s3:// (s3a:// is Hadoop's name; pyarrow knows s3://)",
+    "s3n": "use s3:// (s3n:// is Hadoop's name; pyarrow knows s3://)",
+    "az": "use abfss://CONTAINER@ACCOUNT.dfs.core.windows.net/... (az:// needs adlfs, "
           "which the image lacks)",
     "adl": "use Azure Data Lake Gen2, abfss://CONTAINER@ACCOUNT.dfs.core.windows.net/...",
-    "wasb": "write abfss://CONTAINER@ACCOUNT.dfs.core.windows.net/...",
-    "wasbs": "write abfss://CONTAINER@ACCOUNT.dfs.core.windows.net/...",
+    "wasb": "use abfss://CONTAINER@ACCOUNT.dfs.core.windows.net/...",
+    "wasbs": "use abfss://CONTAINER@ACCOUNT.dfs.core.windows.net/...",
     "hdfs": "the image has no Java or libhdfs; use s3://, gs:// or abfss://, or a path on the PVC",
     "viewfs": "the image has no Java or libhdfs; use s3://, gs:// or abfss://, or a path on the PVC",
 }
@@ -167,7 +167,7 @@ def _unknown_scheme(path: str, scheme: str, mount: str | None) -> str:
         return (f"--storage-path {path!r}: local:// is each node's own disk, so workers' checkpoints "
                 f"are scattered and deleted with the pods;{where}")
     if scheme.lower() in OBJECT_STORE_SCHEMES and scheme != scheme.lower():
-        return (f"--storage-path {path!r}: write the scheme in lower case, "
+        return (f"--storage-path {path!r}: use the scheme in lower case, "
                 f"{scheme.lower()}://; the filesystems Ray Train uses know no other spelling")
     if scheme.lower() in SCHEME_FIXES:
         return (f"--storage-path {path!r}: the image cannot open {scheme}://; "
@@ -186,8 +186,10 @@ def check_pod_file(flag: str, path: str, mount: str) -> None:
         if scheme in OBJECT_STORE_SCHEMES:
             return
         what = SCHEME_FIXES.get(scheme.lower(), "use s3://, gs:// or abfss://")
+        if scheme == "file":
+            what = "write the absolute path itself, without file://"
         if scheme.lower() in OBJECT_STORE_SCHEMES:
-            what = f"write the scheme in lower case, {scheme.lower()}://"
+            what = f"use the scheme in lower case, {scheme.lower()}://"
         raise StoragePolicyError(f"{flag} {path!r}: the image cannot open {scheme}://; {what}")
     if path.startswith("~"):
         raise StoragePolicyError(f"{flag} {path!r} is a path in your home directory, which the "

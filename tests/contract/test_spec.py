@@ -112,7 +112,7 @@ def test_quantities_from_yaml_numbers_are_accepted():
 
 def test_worker_count_is_replicas_times_gpus_or_replicas():
     assert JobSpec.build(name="j", replicas=8, gpu_per_pod=1).num_train_workers == 8
-    assert JobSpec.build(name="j", replicas=2, gpu_per_pod=4).num_train_workers == 8
+    assert JobSpec.build(name="j", replicas=2, gpu_per_pod=4, cpu_per_pod="8").num_train_workers == 8
     assert JobSpec.build(name="j", replicas=3).num_train_workers == 3
 
 

@@ -69,14 +69,18 @@ def test_rayjob_shape():
 
 
 def test_no_gpu_keys_on_cpu():
-    text = str(plan_for(name="cpu-job"))
-    assert "nvidia.com/gpu" not in text
+    rayjob = by_kind(plan_for(name="cpu-job", gpu_type_label="x.io/gpu"))["RayJob"]
+    for _, template in pod_templates(rayjob):
+        pod = template["spec"]
+        assert "tolerations" not in pod and "nodeSelector" not in pod
+        assert all("nvidia.com/gpu" not in c["resources"].get("limits", {}) for c in pod["containers"])
 
 
 @pytest.mark.parametrize("replicas, gpus, workers, use_gpu", [
     (8, 1, 8, True), (4, 8, 32, True), (3, 0, 3, False), (1, 0, 1, False)])
 def test_the_pod_gets_the_worker_count_and_storage(replicas, gpus, workers, use_gpu):
-    spec = JobSpec.build(name="job", replicas=replicas, gpu_per_pod=gpus, max_failures=5)
+    spec = JobSpec.build(name="job", replicas=replicas, gpu_per_pod=gpus, max_failures=5,
+                         cpu_per_pod=str(gpus + 4))
     pod_job = job_document(render(spec))
     assert pod_job.num_train_workers == workers and (pod_job.gpu_per_pod > 0) is use_gpu
     assert pod_job.max_failures == 5
