@@ -54,7 +54,7 @@ kind create cluster --name "$CLUSTER" --kubeconfig "$KUBECONFIG" --wait 180s
 
 log "image $IMAGE (CPU target)"
 docker build --target cpu -t "$IMAGE" "$ROOT"
-# `kind load docker-image` fails with Docker's containerd image store ("content digest ... not
+# kind's load of a docker-image fails with Docker's containerd image store ("content digest ... not
 # found", kind#3795); an archive works with every store. Removed at once: disk is scarce.
 docker save "$IMAGE" -o "${WORK}/image.tar"
 kind load image-archive "${WORK}/image.tar" --name "$CLUSTER"
