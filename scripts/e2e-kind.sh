@@ -107,13 +107,15 @@ until [[ "$(checkpoints)" -ge 1 ]]; do
   ((SECONDS < deadline)) || fail "no checkpoint within 15 minutes"
   state=$(kubectl get rayjob "$JOB" -n "$NS" -o jsonpath='{.status.jobStatus}' 2>/dev/null || true)
   [[ "$state" != SUCCEEDED && "$state" != FAILED ]] || fail "job ended ($state) before the first checkpoint: lengthen it"
-  sleep 5
+  sleep 2
 done
 worker=$(kubectl get pods -n "$NS" -l "submitter.dev/job=${JOB},ray.io/node-type=worker" \
   -o jsonpath='{.items[0].metadata.name}')
 [[ -n "$worker" ]] || fail "no worker pod to delete"
 kubectl delete pod "$worker" -n "$NS" --wait=false
 echo "deleted worker pod ${worker} after $(checkpoints) checkpoint(s)"
+state=$(kubectl get rayjob "$JOB" -n "$NS" -o jsonpath='{.status.jobStatus}')
+[[ "$state" == RUNNING ]] || fail "the job was ${state:-not running} when the worker was deleted: lengthen it"
 
 log "watch to success (KubeRay recreates the worker; Ray Train restarts from the checkpoint)"
 submitter watch "$JOB" -n "$NS" --timeout 20m
