@@ -43,7 +43,9 @@ def pod_settings(spec: JobSpec, service_account: str, role: str) -> dict[str, An
     "submitter"). Every pod gets the user's nodeSelector, tolerations, priority and runtime
     class and pull secrets (a cluster whose every node is tainted must place the head and the
     submitter too); the GPU type and the GPU taint's toleration go to GPU workers only. Only the
-    head, where the driver patches the progress ConfigMap, mounts the service-account token."""
+    head, where the driver patches the progress ConfigMap, mounts the service-account token: the
+    workers never call the Kubernetes API, and the submitter pod only runs `ray job submit`
+    against the dashboard over HTTP (KubeRay gives it the Ray token, not a Kubernetes one)."""
     gpu_worker = role == "worker" and spec.gpu_per_pod > 0
     node_selector = dict(spec.node_selector)
     tolerations = [parse_toleration(t) for t in spec.toleration]

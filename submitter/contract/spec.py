@@ -85,8 +85,13 @@ _SECRET_REF = re.compile(f"^(?P<secret>{_DNS1123_SUBDOMAIN.pattern[1:-1]}):(?P<k
 #: Environment variable names that hold credentials: --env would write them in plain text into
 #: the RayJob (and every GitOps copy of it); --secret-env takes them from a Secret instead.
 _CREDENTIAL_ENV = r"(?i)(SECRET|TOKEN|PASSWORD|PASSWD|API_?KEY|ACCESS_KEY|PRIVATE_KEY|CREDENTIAL)"
-#: Label and annotation prefixes the plan, KubeRay and Kueue own: a user label may not fake them.
-RESERVED_LABEL_PREFIXES = ("submitter.dev/", "ray.io/", "kueue.x-k8s.io/", "app.kubernetes.io/")
+#: Label and annotation keys the plan, KubeRay and Kueue own: a user label may not fake them
+#: (other app.kubernetes.io/ keys, e.g. part-of, stay the user's).
+RESERVED_LABEL_PREFIXES = ("submitter.dev/", "ray.io/", "kueue.x-k8s.io/")
+RESERVED_LABEL_KEYS = ("app.kubernetes.io/name", "app.kubernetes.io/instance",
+                       "app.kubernetes.io/managed-by")
+_RESERVED_LABEL = ("^(" + "|".join(re.escape(p) for p in RESERVED_LABEL_PREFIXES) + "|("
+                   + "|".join(re.escape(k) for k in RESERVED_LABEL_KEYS) + ")$)")
 
 Check = Callable[[Any], Optional[str]]
 
@@ -236,13 +241,13 @@ def _plain_env(v: dict) -> str | None:
 
 
 def _reserved_key(key: str) -> bool:
-    return key.startswith(RESERVED_LABEL_PREFIXES)
+    return key.startswith(RESERVED_LABEL_PREFIXES) or key in RESERVED_LABEL_KEYS
 
 
 def _label_map(what: str, values_are_labels: bool, reserve: bool) -> Check:
     key_schema: dict[str, Any] = {"maxLength": 316, "pattern": _LABEL_KEY.pattern}
     if reserve:
-        key_schema["not"] = {"pattern": "^(" + "|".join(re.escape(p) for p in RESERVED_LABEL_PREFIXES) + ")"}
+        key_schema["not"] = {"pattern": _RESERVED_LABEL}
     value_schema: dict[str, Any] = ({"type": "string", "maxLength": 63, "pattern": _LABEL_VALUE.pattern}
                                     if values_are_labels else
                                     {"type": "string", "pattern": "^[^\\x00]*$"})
@@ -256,7 +261,8 @@ def _label_map(what: str, values_are_labels: bool, reserve: bool) -> Check:
                         "63 letters, digits, '-', '_' or '.'")
             if reserve and _reserved_key(key):
                 return (f"{_show(key)} is set by submitter, KubeRay or Kueue "
-                        f"({', '.join(RESERVED_LABEL_PREFIXES)}); choose another {what} key")
+                        f"({', '.join(RESERVED_LABEL_PREFIXES + RESERVED_LABEL_KEYS)}); choose "
+                        f"another {what} key")
             if values_are_labels and (len(value) > 63 or not _LABEL_VALUE.fullmatch(value)):
                 return (f"the value of {key}, {_show(value)}, is not a valid label value: at "
                         "most 63 letters, digits, '-', '_' or '.', starting and ending with a "

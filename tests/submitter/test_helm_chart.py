@@ -380,6 +380,7 @@ PROBES: dict[str, list[Any]] = {
     "env_from_secret": [[], ["s"], ["a.b", "c"], ["S"], [""], ["a_b"], ["a" * 254]],
     "label": [{}, {"team": "ml"}, {"example.com/x": ""}, {"a": "b" * 64}, {"a": "-x"},
               {"submitter.dev/job": "x"}, {"app.kubernetes.io/name": "x"}, {"ray.io/x": "y"},
+              {"app.kubernetes.io/part-of": "x"}, {"app.kubernetes.io/name-x": "y"},
               {"kueue.x-k8s.io/queue-name": "q"}, {"a/b/c": "x"}, {"A_b.c": "x"}, {"": "x"},
               {"x" * 64: "y"}, {"Ex.com/x": "y"}],
     "annotation": [{}, {"owner": "a b: c\n"}, {"submitter.dev/job-uid": "x"}, {"a b": "x"},

@@ -309,6 +309,11 @@ def test_user_labels_cannot_fake_the_jobs_own(key):
         JobSpec.build(name="x", annotation={key: "y"})
 
 
+def test_other_well_known_labels_stay_the_users():
+    rayjob = by_kind(plan_for(name="x", label={"app.kubernetes.io/part-of": "llm"}))["RayJob"]
+    assert rayjob["metadata"]["labels"]["app.kubernetes.io/part-of"] == "llm"
+
+
 # --- #9 item 6: a locked-down Ray cluster ------------------------------------------------------
 
 def test_only_the_head_mounts_the_service_account_token():
