@@ -82,3 +82,12 @@ def test_the_pinned_checksum_is_the_gpt2_ranks_file(tmp_path):
 
     digest = hashlib.sha256(shared_file("data", "gpt2.tiktoken").read_bytes()).hexdigest()
     assert f"ARG BPE_SHA256={digest}\n" in DOCKERFILE
+
+
+def test_the_build_context_keeps_what_the_wheel_needs():
+    ignored = {line.strip().rstrip("/") for line in (ROOT / ".dockerignore").read_text().splitlines()
+               if line.strip() and not line.startswith("#")}
+    needed = {"pyproject.toml", "README.md", "submitter", "training", "manifests"}
+    assert not ignored & needed
+    for path in needed:
+        assert f"COPY {path} " in DOCKERFILE or f"COPY pyproject.toml README.md" in DOCKERFILE
