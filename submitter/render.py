@@ -98,7 +98,8 @@ def context(spec: JobSpec) -> dict[str, Any]:
         "pods": {role: pod_settings(spec, service_account, role)
                  for role in ("head", "worker", "submitter")},
         "job_label": naming.JOB_LABEL,
-        "operator_labels": {"app.kubernetes.io/name": "kuberay-operator"},
+        # the KubeRay operator's pods, installed by its Helm chart or its kustomize manifests
+        "operator_labels": {"app.kubernetes.io/component": "kuberay-operator"},
         "env_from": [{"secretRef": {"name": s}} for s in spec.env_from_secret],
         "ray_version": RAY_VERSION,
         "create_pvc": on_pvc and spec.existing_pvc is None,

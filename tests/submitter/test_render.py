@@ -337,7 +337,7 @@ def test_network_policy_admits_only_the_jobs_pods_and_the_operator():
     own, operator = policy["ingress"]
     assert own == {"from": [{"podSelector": {"matchLabels": selector}}]}
     assert operator["ports"] == [{"protocol": "TCP", "port": 8265}]
-    assert operator["from"][0]["podSelector"] == {"matchLabels": {"app.kubernetes.io/name": "kuberay-operator"}}
+    assert operator["from"][0]["podSelector"] == {"matchLabels": {"app.kubernetes.io/component": "kuberay-operator"}}
     assert policy["policyTypes"] == ["Ingress"]
     other = by_kind(plan_for(name="other"))["NetworkPolicy"]["spec"]["podSelector"]["matchLabels"]
     assert other != selector
