@@ -250,7 +250,8 @@ def delete_job(kube: Kube, namespace: str, name: str, *, delete_pvc: str | None 
     if delete_pvc is not None:
         pvc = kube.find("PersistentVolumeClaim", namespace, delete_pvc)
         check_pvc_deletable(pvc, delete_pvc, name, namespace)
-    targets = [("RayJob", name), ("RoleBinding", n["progress"]), ("Role", n["progress"]),
+    targets = [("RayJob", name), ("NetworkPolicy", name), ("RoleBinding", n["progress"]),
+               ("Role", n["progress"]),
                ("ServiceAccount", n["progress"]), ("ConfigMap", n["progress"])]
     if delete_pvc is not None:
         targets.append(("PersistentVolumeClaim", delete_pvc))

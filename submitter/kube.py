@@ -74,6 +74,7 @@ KINDS: dict[str, Kind] = {
     "ServiceAccount": Kind("", "v1", "serviceaccounts"),
     "Role": Kind("rbac.authorization.k8s.io", "v1", "roles"),
     "RoleBinding": Kind("rbac.authorization.k8s.io", "v1", "rolebindings"),
+    "NetworkPolicy": Kind("networking.k8s.io", "v1", "networkpolicies"),
     "Pod": Kind("", "v1", "pods"),
     "Namespace": Kind("", "v1", "namespaces", namespaced=False),
     "RayCluster": Kind("ray.io", "v1", "rayclusters"),

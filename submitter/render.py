@@ -15,20 +15,59 @@ from typing import Any
 import yaml
 
 from submitter.contract import naming
-from submitter.contract.spec import RAY_VERSION, JobSpec
-from submitter.contract.storage import StorageDecision, check_job_storage
+from submitter.contract.spec import RAY_VERSION, JobSpec, parse_secret_ref, parse_toleration
+from submitter.contract.storage import StorageDecision, check_job_storage, check_pod_file
 from submitter.plan import Plan
 
 #: One template per object kind, in apply order (the PVC and RBAC exist before the RayJob).
-TEMPLATES = ("pvc", "serviceaccount", "role", "rolebinding", "configmap", "rayjob")
+TEMPLATES = ("pvc", "serviceaccount", "role", "rolebinding", "configmap", "networkpolicy", "rayjob")
+#: Kueue's label naming the LocalQueue of a workload; a RayJob for Kueue starts suspended.
+KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 #: The RayJob's entrypoint: constant. The job's settings reach it as data (env `SUBMITTER_JOB`).
 ENTRYPOINT = "python -m training"
 
 
 def storage_decision(spec: JobSpec) -> StorageDecision:
-    """Apply the storage policy (raises StoragePolicyError with the fix)."""
-    return check_job_storage(spec.resolved_storage_path, spec.storage_mount,
-                             spec.storage_access_mode)
+    """Apply the storage policy (raises StoragePolicyError with the fix), and refuse files the
+    pod reads that only exist on this machine."""
+    decision = check_job_storage(spec.resolved_storage_path, spec.storage_mount,
+                                 spec.storage_access_mode)
+    for flag, path in (("--data", spec.data), ("--bpe-file", spec.bpe_file)):
+        if path is not None:
+            check_pod_file(flag, path, spec.storage_mount)
+    return decision
+
+
+def pod_settings(spec: JobSpec, service_account: str, role: str) -> dict[str, Any]:
+    """The pod-level scheduling and identity settings of one pod template ("head", "worker" or
+    "submitter"). Every pod gets the user's nodeSelector, tolerations, priority and runtime
+    class and pull secrets (a cluster whose every node is tainted must place the head and the
+    submitter too); the GPU type and the GPU taint's toleration go to GPU workers only. Only the
+    head, where the driver patches the progress ConfigMap, mounts the service-account token: the
+    workers never call the Kubernetes API, and the submitter pod only runs `ray job submit`
+    against the dashboard over HTTP (KubeRay gives it the Ray token, not a Kubernetes one)."""
+    gpu_worker = role == "worker" and spec.gpu_per_pod > 0
+    node_selector = dict(spec.node_selector)
+    tolerations = [parse_toleration(t) for t in spec.toleration]
+    if gpu_worker and spec.gpu_type is not None:
+        node_selector[spec.gpu_type_label] = spec.gpu_type
+    if gpu_worker and spec.gpu_toleration is not None:
+        tolerations.append(parse_toleration(spec.gpu_toleration))
+    out: dict[str, Any] = {"serviceAccountName": service_account,
+                           "automountServiceAccountToken": role == "head"}
+    if role != "submitter":  # the Ray pods: time to write a last checkpoint on SIGTERM
+        out["terminationGracePeriodSeconds"] = spec.termination_grace_period
+    if node_selector:
+        out["nodeSelector"] = node_selector
+    if tolerations:
+        out["tolerations"] = tolerations
+    if spec.priority_class is not None:
+        out["priorityClassName"] = spec.priority_class
+    if spec.runtime_class is not None:
+        out["runtimeClassName"] = spec.runtime_class
+    if spec.image_pull_secret:
+        out["imagePullSecrets"] = [{"name": n} for n in spec.image_pull_secret]
+    return out
 
 
 def context(spec: JobSpec) -> dict[str, Any]:
@@ -40,10 +79,28 @@ def context(spec: JobSpec) -> dict[str, Any]:
            {"name": naming.ENV_PROGRESS_CONFIGMAP, "value": n["progress"]},
            {"name": naming.ENV_NAMESPACE, "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}}]
     env += [{"name": k, "value": v} for k, v in sorted(spec.env.items())]
+    for key, ref in sorted(spec.secret_env.items()):
+        secret, secret_key = parse_secret_ref(ref)
+        env.append({"name": key, "valueFrom": {"secretKeyRef": {"name": secret, "key": secret_key}}})
+    labels = {**spec.label, **naming.labels(spec.name)}
+    service_account = spec.service_account or n["progress"]
     return {
         "spec": spec.to_dict(),
         "names": n,
-        "labels": naming.labels(spec.name),
+        "labels": labels,
+        "annotations": {**spec.annotation, **naming.annotations(spec.namespace, spec.name)},
+        "rayjob_labels": ({**labels, KUEUE_QUEUE_LABEL: spec.queue} if spec.queue is not None
+                          else labels),
+        "image": spec.resolved_image,
+        "image_pull_policy": spec.resolved_image_pull_policy,
+        "service_account": service_account,
+        "create_service_account": spec.service_account is None,
+        "pods": {role: pod_settings(spec, service_account, role)
+                 for role in ("head", "worker", "submitter")},
+        "job_label": naming.JOB_LABEL,
+        # the KubeRay operator's pods, installed by its Helm chart or its kustomize manifests
+        "operator_labels": {"app.kubernetes.io/component": "kuberay-operator"},
+        "env_from": [{"secretRef": {"name": s}} for s in spec.env_from_secret],
         "ray_version": RAY_VERSION,
         "create_pvc": on_pvc and spec.existing_pvc is None,
         "mount_pvc": on_pvc,

@@ -37,9 +37,18 @@ SAMPLES = {
     "bpe_file": "/mnt/ckpt/gpt2.tiktoken", "val_percent": 2.5, "val_steps": 4,
     "max_failures": 5, "num_to_keep": 3, "checkpoint_every": 50, "progress_every": 2,
     "ttl_seconds_after_finished": 60, "backoff_limit": 2, "active_deadline_seconds": 3600,
+    "secret_env": {"AWS_SECRET_ACCESS_KEY": "aws-creds:secret-access-key"},
+    "env_from_secret": ["wandb", "hf-token"], "label": {"team": "ml"},
+    "annotation": {"example.com/owner": "ml team"}, "gpu_type": "NVIDIA-A100-SXM4-80GB",
+    "gpu_type_label": "cloud.google.com/gke-accelerator", "gpu_toleration": "sku=gpu:NoSchedule",
+    "node_selector": {"pool": "gpu"}, "toleration": ["dedicated=ml:NoSchedule", "spot:NoExecute"],
+    "priority_class": "high", "queue": "team-a", "runtime_class": "nvidia",
+    "service_account": "irsa-ml", "image_pull_secret": ["regcred", "other"],
+    "ray_auth": "disabled", "network_policy": False, "termination_grace_period": 30,
 }
 #: Settings a sample needs another one for (the one rule across fields).
-NEEDS = {"fsdp": {"gpu_per_pod": 1}, "storage_access_mode": {"storage_path": "s3://b/r"}}
+NEEDS = {"fsdp": {"gpu_per_pod": 1}, "storage_access_mode": {"storage_path": "s3://b/r"},
+         "gpu_type": {"gpu_per_pod": 1}}
 
 
 def test_every_setting_has_a_sample():
@@ -54,6 +63,8 @@ def _as_flags(name: str, value) -> list[str]:
         return [flag_name(name)] if value else [f"--no-{flag_name(name)[2:]}"]
     if kind is dict:
         return [a for k, v in value.items() for a in (flag_name(name), f"{k}={v}")]
+    if kind is list:
+        return [a for v in value for a in (flag_name(name), v)]
     return [flag_name(name), str(value)]
 
 

@@ -64,6 +64,11 @@ ENV_JOB = "SUBMITTER_JOB"
 #: The progress ConfigMap the entrypoint patches, and the namespace it lives in.
 ENV_PROGRESS_CONFIGMAP = "SUBMITTER_PROGRESS_CONFIGMAP"
 ENV_NAMESPACE = "SUBMITTER_NAMESPACE"
+#: Set by the project's images (Dockerfile): the GPT-2 BPE ranks file (tiktoken format) baked in
+#: at build time, the training side's default `bpe_file` when the job names none.
+ENV_GPT2_BPE = "SUBMITTER_GPT2_BPE"
+#: Where the images keep that file.
+IMAGE_GPT2_BPE = "/opt/submitter/gpt2.tiktoken"
 #: Environment variables the plan sets itself; user --env may not override them.
 RESERVED_ENV_PREFIX = "SUBMITTER_"
 

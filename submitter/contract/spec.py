@@ -24,12 +24,26 @@ from typing import Any, Callable, Mapping, Optional
 
 from submitter.contract.errors import SpecError
 from submitter.contract.naming import OFFLINE_DATASET, RESERVED_ENV_PREFIX
-from submitter.contract.storage import storage_path_schema
+from submitter.contract.storage import pod_file_schema, storage_path_schema
 
 #: The Ray version the image and `rayClusterSpec.rayVersion` are built for.
 RAY_VERSION = "2.60.0"
-#: The image built from this repository's Dockerfile (`docker build -t submitter-gpt2:0.1.0 .`).
-DEFAULT_IMAGE = "submitter-gpt2:0.1.0"
+#: The project's version: default images are pinned to it (= submitter.__version__, the chart's
+#: appVersion and pyproject's version; tests hold them together).
+VERSION = "0.1.0"
+#: Where the release workflow (.github/workflows/images.yml) pushes the images built from the
+#: Dockerfile: `<repo>:<version>` (CPU) and `<repo>:<version>-gpu` (CUDA).
+IMAGE_REPOSITORY = "ghcr.io/submitter-dev/submitter-gpt2"
+#: The CPU image: the default of a job with --gpu-per-pod 0.
+DEFAULT_IMAGE = f"{IMAGE_REPOSITORY}:{VERSION}"
+#: The CUDA image: the default of a job with GPUs.
+DEFAULT_GPU_IMAGE = f"{IMAGE_REPOSITORY}:{VERSION}-gpu"
+#: Node label that names the GPU model (NVIDIA GPU feature discovery); --gpu-type selects on it.
+GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
+#: CPUs of each worker pod kept back from Ray Train for Ray Data (reading, tokenizing).
+DATA_CPUS_PER_POD = 1
+TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
+RAY_AUTH_MODES = ("token", "disabled")
 MODELS = ("gpt2-small", "tiny")
 ACCESS_MODES = ("ReadWriteMany", "ReadWriteOnce", "ReadOnlyMany", "ReadWriteOncePod")
 PULL_POLICIES = ("Always", "IfNotPresent", "Never")
@@ -57,6 +71,27 @@ _IMAGE = re.compile(r"^[a-z0-9]+([._/:@-][A-Za-z0-9_.-]+)*$")
 _INT = re.compile(r"^[+-]?[0-9]+$")
 _FLOAT = re.compile(r"^[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?$")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+# Kubernetes label syntax: a key is an optional DNS-subdomain prefix and a name; a value may be empty.
+_LABEL_NAME = r"([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)"
+_LABEL_PREFIX = r"([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)"
+_LABEL_KEY = re.compile(f"^{_LABEL_PREFIX}?{_LABEL_NAME}$")
+_LABEL_VALUE = re.compile(f"^{_LABEL_NAME}?$")
+#: A toleration as a flag writes it: KEY[=VALUE]:EFFECT.
+_TOLERATION = re.compile(f"^(?P<key>{_LABEL_PREFIX}?{_LABEL_NAME})(=(?P<value>{_LABEL_NAME}?))?"
+                         f":(?P<effect>{'|'.join(TAINT_EFFECTS)})$")
+#: A Secret's key (Kubernetes' ConfigMap/Secret key syntax).
+_SECRET_KEY = r"[-._a-zA-Z0-9]+"
+_SECRET_REF = re.compile(f"^(?P<secret>{_DNS1123_SUBDOMAIN.pattern[1:-1]}):(?P<key>{_SECRET_KEY})$")
+#: Environment variable names that hold credentials: --env would write them in plain text into
+#: the RayJob (and every GitOps copy of it); --secret-env takes them from a Secret instead.
+_CREDENTIAL_ENV = r"(?i)(SECRET|TOKEN|PASSWORD|PASSWD|API_?KEY|ACCESS_KEY|PRIVATE_KEY|CREDENTIAL)"
+#: Label and annotation keys the plan, KubeRay and Kueue own: a user label may not fake them
+#: (other app.kubernetes.io/ keys, e.g. part-of, stay the user's).
+RESERVED_LABEL_PREFIXES = ("submitter.dev/", "ray.io/", "kueue.x-k8s.io/")
+RESERVED_LABEL_KEYS = ("app.kubernetes.io/name", "app.kubernetes.io/instance",
+                       "app.kubernetes.io/managed-by")
+_RESERVED_LABEL = ("^(" + "|".join(re.escape(p) for p in RESERVED_LABEL_PREFIXES) + "|("
+                   + "|".join(re.escape(k) for k in RESERVED_LABEL_KEYS) + ")$)")
 
 Check = Callable[[Any], Optional[str]]
 
@@ -188,6 +223,149 @@ def _env(v: dict) -> str | None:
     return None
 
 
+@_schema({"propertyNames": {"pattern": _ENV_NAME.pattern,
+                            "allOf": [{"not": {"pattern": "^" + RESERVED_ENV_PREFIX}},
+                                      {"not": {"pattern": _CREDENTIAL_ENV}}]},
+          "additionalProperties": {"type": "string", "pattern": "^[^\\x00]*$"}})
+def _plain_env(v: dict) -> str | None:
+    """--env: as _env, and no credentials in plain text."""
+    problem = _env(v)
+    if problem:
+        return problem
+    for key in v:
+        if re.search(_CREDENTIAL_ENV, key):
+            return (f"{key} looks like a credential, which --env would write in plain text into "
+                    f"the RayJob; put it in a Secret and use --secret-env {key}=SECRET:KEY "
+                    "(or --env-from-secret SECRET)")
+    return None
+
+
+def _reserved_key(key: str) -> bool:
+    return key.startswith(RESERVED_LABEL_PREFIXES) or key in RESERVED_LABEL_KEYS
+
+
+def _label_map(what: str, values_are_labels: bool, reserve: bool) -> Check:
+    key_schema: dict[str, Any] = {"maxLength": 316, "pattern": _LABEL_KEY.pattern}
+    if reserve:
+        key_schema["not"] = {"pattern": _RESERVED_LABEL}
+    value_schema: dict[str, Any] = ({"type": "string", "maxLength": 63, "pattern": _LABEL_VALUE.pattern}
+                                    if values_are_labels else
+                                    {"type": "string", "pattern": "^[^\\x00]*$"})
+
+    @_schema({"propertyNames": key_schema, "additionalProperties": value_schema})
+    def check(v: dict) -> str | None:
+        for key, value in v.items():
+            prefix, _, name = key.rpartition("/")
+            if len(name) > 63 or len(prefix) > 253 or not _LABEL_KEY.fullmatch(key):
+                return (f"{_show(key)} is not a valid {what} key: [prefix/]name, the name at most "
+                        "63 letters, digits, '-', '_' or '.'")
+            if reserve and _reserved_key(key):
+                return (f"{_show(key)} is set by submitter, KubeRay or Kueue "
+                        f"({', '.join(RESERVED_LABEL_PREFIXES + RESERVED_LABEL_KEYS)}); choose "
+                        f"another {what} key")
+            if values_are_labels and (len(value) > 63 or not _LABEL_VALUE.fullmatch(value)):
+                return (f"the value of {key}, {_show(value)}, is not a valid label value: at "
+                        "most 63 letters, digits, '-', '_' or '.', starting and ending with a "
+                        "letter or digit")
+            if "\x00" in value:
+                return f"the value of {key} contains a NUL character"
+        return None
+    return check
+
+
+@_schema({"maxLength": 63, "pattern": "^" + _LABEL_NAME + "$"})
+def _label_value(v: str) -> str | None:
+    if len(v) > 63 or not v or not _LABEL_VALUE.fullmatch(v):
+        return (f"{_show(v)} is not a valid label value: at most 63 letters, digits, '-', '_' or "
+                "'.', starting and ending with a letter or digit")
+    return None
+
+
+@_schema({"maxLength": 316, "pattern": _LABEL_KEY.pattern})
+def _label_key(v: str) -> str | None:
+    prefix, _, name = v.rpartition("/")
+    if len(name) > 63 or len(prefix) > 253 or not _LABEL_KEY.fullmatch(v):
+        return f"{_show(v)} is not a valid label key, e.g. nvidia.com/gpu.product"
+    return None
+
+
+def parse_toleration(text: str) -> dict[str, str]:
+    """`KEY[=VALUE]:EFFECT` -> a Kubernetes toleration (Equal with a value, else Exists)."""
+    m = _TOLERATION.fullmatch(text)
+    if m is None:
+        raise SpecError(f"toleration {_show(text)} must be KEY[=VALUE]:EFFECT with EFFECT one of "
+                        f"{', '.join(TAINT_EFFECTS)}, e.g. nvidia.com/gpu:NoSchedule or "
+                        "sku=gpu:NoSchedule")
+    out = {"key": m["key"], "effect": m["effect"]}
+    if m["value"] is None:
+        out["operator"] = "Exists"
+    else:
+        out.update(operator="Equal", value=m["value"])
+    return out
+
+
+def _toleration_problem(v: str) -> str | None:
+    try:
+        parse_toleration(v)
+    except SpecError as e:
+        return str(e)
+    prefix, _, name = v.split("=")[0].split(":")[0].rpartition("/")
+    if len(prefix) > 253:
+        return f"toleration {_show(v)}: the key's prefix is longer than 253 characters"
+    return None
+
+
+@_schema({"maxLength": 400, "pattern": _TOLERATION.pattern.replace("?P<key>", "").replace(
+    "?P<value>", "").replace("?P<effect>", "")})
+def _one_toleration(v: str) -> str | None:
+    return _toleration_problem(v)
+
+
+@_schema({"items": {"type": "string", **_one_toleration.schema}})  # type: ignore[attr-defined]
+def _tolerations(v: list) -> str | None:
+    for item in v:
+        problem = _toleration_problem(item)
+        if problem:
+            return problem
+    return None
+
+
+def _names(what: str) -> Check:
+    one = _subdomain(what)
+
+    @_schema({"items": {"type": "string", **one.schema}})  # type: ignore[attr-defined]
+    def check(v: list) -> str | None:
+        for item in v:
+            problem = one(item)
+            if problem:
+                return problem
+        return None
+    return check
+
+
+@_schema({"propertyNames": {"pattern": _ENV_NAME.pattern,
+                            "not": {"pattern": "^" + RESERVED_ENV_PREFIX}},
+          "additionalProperties": {"type": "string", "maxLength": 507,
+                                   "pattern": _SECRET_REF.pattern.replace("?P<secret>", "").replace("?P<key>", "")}})
+def _secret_env(v: dict) -> str | None:
+    for key, ref in v.items():
+        if not _ENV_NAME.fullmatch(key):
+            return f"{_show(key)} is not a valid environment variable name"
+        if key.startswith(RESERVED_ENV_PREFIX):
+            return f"{key} is reserved (the {RESERVED_ENV_PREFIX}* variables are set by submitter)"
+        m = _SECRET_REF.fullmatch(ref)
+        if m is None or len(m["secret"]) > 253 or len(m["key"]) > 253:
+            return (f"{key}={_show(ref)} must be NAME=SECRET:KEY, the Secret's name and the key "
+                    "in it, e.g. --secret-env AWS_SECRET_ACCESS_KEY=aws-creds:secret-access-key")
+    return None
+
+
+def parse_secret_ref(ref: str) -> tuple[str, str]:
+    """`SECRET:KEY` (a checked --secret-env value) -> (secret name, key)."""
+    secret, _, key = ref.partition(":")
+    return secret, key
+
+
 #: A path, URI or dataset name: not empty, no surrounding spaces or control characters, and no
 #: leading '-' (it would read as a flag wherever a command line carries it).
 _TEXT = r"^[^-\s\x00-\x1f\x7f]([^\x00-\x1f\x7f]*[^\s\x00-\x1f\x7f])?$"
@@ -210,6 +388,13 @@ def _storage_path(v: str) -> str | None:
     return _text(v)
 
 
+@_schema({"maxLength": MAX_TEXT, "allOf": [{"pattern": _TEXT}, pod_file_schema()]})
+def _pod_file(v: str) -> str | None:
+    """Text here; that the pod can open it (no laptop path) render checks, and the chart's
+    schema: `submit --local` passes absolute local paths, so the entrypoint may take any."""
+    return _text(v)
+
+
 @_schema({"maxLength": MAX_TEXT, "pattern": "^/[^\x00-\x1f\x7f]*$"})
 def _mount(v: str) -> str | None:
     return _text(v) or (None if v.startswith("/") else
@@ -228,13 +413,32 @@ class JobSpec:
                              "name and the PVC are derived from it")
     namespace: str = setting("default", group="job", short="-n", check=_dns_label("namespace"),
                              help="Kubernetes namespace")
-    image: str = setting(DEFAULT_IMAGE, group="job", check=_image,
-                         help="container image with this project installed (see the Dockerfile)")
-    image_pull_policy: str = setting("IfNotPresent", group="job", check=_one_of(PULL_POLICIES),
-                                     help="Always | IfNotPresent | Never")
-    env: dict[str, str] = setting({}, group="job", metavar="KEY=VALUE", check=_env,
+    image: Optional[str] = setting(
+        None, group="job", check=_image,
+        help=f"container image with this project installed (default: {DEFAULT_IMAGE}, or "
+             f"{DEFAULT_GPU_IMAGE} when --gpu-per-pod > 0; see the Dockerfile)")
+    image_pull_policy: Optional[str] = setting(
+        None, group="job", check=_one_of(PULL_POLICIES),
+        help="Always | IfNotPresent | Never (default: Always for a mutable tag, latest or none; "
+             "else IfNotPresent)")
+    env: dict[str, str] = setting({}, group="job", metavar="KEY=VALUE", check=_plain_env,
                                   help="extra environment variable for the Ray containers, "
-                                       "KEY=VALUE (repeatable)")
+                                       "KEY=VALUE (repeatable); credentials: --secret-env")
+    secret_env: dict[str, str] = setting(
+        {}, group="job", metavar="NAME=SECRET:KEY", check=_secret_env,
+        help="environment variable NAME of the Ray containers from key KEY of Secret SECRET "
+             "(repeatable)")
+    env_from_secret: list[str] = setting(
+        [], group="job", metavar="SECRET", check=_names("Secret name"),
+        help="every key of Secret SECRET as environment variables of the Ray containers "
+             "(repeatable)")
+    label: dict[str, str] = setting({}, group="job", metavar="KEY=VALUE",
+                                    check=_label_map("label", True, True),
+                                    help="label on every object and pod of the job (repeatable)")
+    annotation: dict[str, str] = setting({}, group="job", metavar="KEY=VALUE",
+                                         check=_label_map("annotation", False, True),
+                                         help="annotation on every object and pod of the job "
+                                              "(repeatable)")
 
     # --- resources ----------------------------------------------------------------------------
     replicas: int = setting(2, group="resources", check=_between(1, 10_000),
@@ -251,6 +455,45 @@ class JobSpec:
                                help="memory request and limit of the Ray head pod")
 
     # --- scheduling: where the pods run, as whom, with which credentials --------------------------
+    gpu_type: Optional[str] = setting(
+        None, group="scheduling", check=_label_value, metavar="NAME",
+        help="run the worker pods on nodes with this GPU model (a nodeSelector on "
+             "--gpu-type-label), e.g. NVIDIA-A100-SXM4-80GB")
+    gpu_type_label: str = setting(GPU_PRODUCT_LABEL, group="scheduling", check=_label_key,
+                                  help="node label that names the GPU model, for --gpu-type")
+    gpu_toleration: Optional[str] = setting(
+        "nvidia.com/gpu:NoSchedule", group="scheduling", check=_one_toleration,
+        metavar="KEY[=VALUE]:EFFECT",
+        help="toleration of the GPU nodes' taint on GPU worker pods (AKS: sku=gpu:NoSchedule)")
+    node_selector: dict[str, str] = setting({}, group="scheduling", metavar="KEY=VALUE",
+                                            check=_label_map("node selector", True, False),
+                                            help="nodeSelector of every Ray pod (repeatable)")
+    toleration: list[str] = setting([], group="scheduling", metavar="KEY[=VALUE]:EFFECT",
+                                    check=_tolerations,
+                                    help="toleration on every Ray pod (repeatable)")
+    priority_class: Optional[str] = setting(None, group="scheduling",
+                                            check=_subdomain("priority class name"),
+                                            help="PriorityClass of every Ray pod")
+    queue: Optional[str] = setting(
+        None, group="scheduling", check=_label_value,
+        help="Kueue LocalQueue: the RayJob gets the kueue.x-k8s.io/queue-name label and starts "
+             "suspended, for Kueue to admit")
+    runtime_class: Optional[str] = setting(None, group="scheduling",
+                                           check=_subdomain("runtime class name"),
+                                           help="RuntimeClass of every Ray pod (e.g. nvidia)")
+    service_account: Optional[str] = setting(
+        None, group="scheduling", check=_subdomain("service account name"),
+        help="run the Ray pods as this existing ServiceAccount (IRSA, Workload Identity) "
+             "instead of creating one; the progress Role is bound to it")
+    image_pull_secret: list[str] = setting([], group="scheduling", metavar="NAME",
+                                           check=_names("Secret name"),
+                                           help="imagePullSecret of every Ray pod (repeatable)")
+    ray_auth: str = setting("token", group="scheduling", check=_one_of(RAY_AUTH_MODES),
+                            help="Ray's token authentication (KubeRay authOptions): token | "
+                                 "disabled")
+    network_policy: bool = setting(True, group="scheduling",
+                                   help="a NetworkPolicy that admits traffic to the job's pods "
+                                        "only from its own pods and the KubeRay operator")
 
     # --- storage: checkpoints must outlive the job ------------------------------------------------
     storage_path: Optional[str] = setting(
@@ -308,7 +551,7 @@ class JobSpec:
                            help=f"Hugging Face dataset name, or {OFFLINE_DATASET} (offline corpus)")
     dataset_config: Optional[str] = setting("wikitext-103-raw-v1", group="data", check=_text,
                                             help="Hugging Face dataset config")
-    data: Optional[str] = setting(None, group="data", check=_text,
+    data: Optional[str] = setting(None, group="data", check=_pod_file,
                                   help="train on these files instead of --dataset (text, parquet "
                                        "or jsonl; local path or object-store URI)")
     data_format: str = setting("auto", group="data", check=_one_of(DATA_FORMATS),
@@ -318,7 +561,7 @@ class JobSpec:
     tokenizer: str = setting("auto", group="data", check=_one_of(TOKENIZERS),
                              help="auto (--bpe-file, else tiktoken gpt2, else byte-level) | "
                                   "gpt2 | byte")
-    bpe_file: Optional[str] = setting(None, group="data", check=_text,
+    bpe_file: Optional[str] = setting(None, group="data", check=_pod_file,
                                       help="GPT-2 BPE ranks file (tiktoken format) to build the "
                                            "GPT-2 encoding offline")
     val_percent: float = setting(5.0, group="data", check=_percent,
@@ -347,6 +590,9 @@ class JobSpec:
                                       "the last checkpoint)")
     active_deadline_seconds: Optional[int] = setting(None, group="lifecycle", check=_between(1),
                                                      help="fail the RayJob after this many seconds")
+    termination_grace_period: int = setting(
+        120, group="lifecycle", check=_between(0, 86_400), metavar="SECONDS",
+        help="seconds a Ray pod has between SIGTERM and SIGKILL (time for a last checkpoint)")
 
     # ------------------------------------------------------------------------------------------------
     @classmethod
@@ -368,6 +614,10 @@ class JobSpec:
             _check_field(f, getattr(self, f.name))
         if self.fsdp and not self.gpu_per_pod:
             raise SpecError(FSDP_NEEDS_GPUS)
+        if self.gpu_type is not None and not self.gpu_per_pod:
+            raise SpecError(f"--gpu-type {self.gpu_type} selects GPU nodes for GPU workers: add "
+                            "--gpu-per-pod N, or leave out --gpu-type")
+        _check_fit(self)
 
     # --- derived values (pure; the same on the laptop and in the pod) -------------------------------
     @property
@@ -383,6 +633,34 @@ class JobSpec:
     def num_train_workers(self) -> int:
         """Ray Train workers: one per GPU, or one per pod on CPU."""
         return self.replicas * self.gpu_per_pod if self.gpu_per_pod else self.replicas
+
+    @property
+    def workers_per_pod(self) -> int:
+        """Ray Train workers in each worker pod: one per GPU, or one on CPU."""
+        return self.gpu_per_pod or 1
+
+    @property
+    def cpus_per_train_worker(self) -> int:
+        """CPUs each Ray Train worker reserves (ScalingConfig resources_per_worker): the pod's
+        CPUs as Ray counts them (KubeRay passes the limit rounded up as --num-cpus), less
+        DATA_CPUS_PER_POD for Ray Data, shared by the pod's workers. At least 1 (__post_init__
+        refuses pods that cannot give that)."""
+        return (_ray_cpus(self.cpu_per_pod) - DATA_CPUS_PER_POD) // self.workers_per_pod
+
+    @property
+    def resolved_image(self) -> str:
+        """--image, else the project's image for this job: CPU or CUDA, pinned to VERSION."""
+        if self.image is not None:
+            return self.image
+        return DEFAULT_GPU_IMAGE if self.gpu_per_pod else DEFAULT_IMAGE
+
+    @property
+    def resolved_image_pull_policy(self) -> str:
+        """--image-pull-policy, else Always for a mutable tag (latest or none) and IfNotPresent
+        for a digest or a version tag: a node never runs a stale `latest`."""
+        if self.image_pull_policy is not None:
+            return self.image_pull_policy
+        return "Always" if image_is_mutable(self.resolved_image) else "IfNotPresent"
 
     def to_dict(self) -> dict[str, Any]:
         """The fields as plain data (job-file form, snake_case)."""
@@ -407,6 +685,40 @@ class JobSpec:
         for name in optional_fields():
             values.setdefault(name, None)
         return cls.build(values, **overrides)
+
+
+def image_is_mutable(image: str) -> bool:
+    """An image reference whose content may change under the same name: no digest, and the tag
+    is `latest` or missing (a registry port's ':' is not a tag)."""
+    if "@" in image:
+        return False
+    last = image.rsplit("/", 1)[-1]
+    return ":" not in last or last.rsplit(":", 1)[1] == "latest"
+
+
+_CPU_UNITS = {"m": 1e-3, "": 1, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18,
+              "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
+
+
+def _ray_cpus(quantity: str) -> int:
+    """The CPUs Ray sees in a pod with this CPU limit: KubeRay's `--num-cpus` is the limit
+    rounded up to a whole CPU (resource.Quantity.Value())."""
+    m = re.fullmatch(r"([0-9.]+)([A-Za-z]*)", quantity)
+    assert m is not None, quantity  # checked by _positive_quantity before
+    return math.ceil(float(m[1]) * _CPU_UNITS[m[2]] - 1e-9)
+
+
+def _check_fit(spec: "JobSpec") -> None:
+    """Refuse worker pods whose CPUs cannot hold their Ray Train workers plus Ray Data: the job
+    would wait forever for resources no pod has."""
+    cpus = _ray_cpus(spec.cpu_per_pod)
+    need = spec.workers_per_pod + DATA_CPUS_PER_POD
+    if cpus < need:
+        workers = (f"{spec.gpu_per_pod} GPU workers" if spec.gpu_per_pod else "1 CPU worker")
+        raise SpecError(
+            f"--cpu-per-pod {spec.cpu_per_pod} gives Ray {cpus} CPU(s) per pod, but {workers} "
+            f"need 1 CPU each plus {DATA_CPUS_PER_POD} for Ray Data: use --cpu-per-pod {need} "
+            "or more")
 
 
 def parse_document(text: str) -> dict[str, Any]:

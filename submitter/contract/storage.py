@@ -15,10 +15,23 @@ from urllib.parse import urlsplit
 
 from submitter.contract.errors import StoragePolicyError
 
-#: URI schemes of durable object stores (the pyarrow/fsspec filesystems Ray Train can write to).
-OBJECT_STORE_SCHEMES = frozenset({
-    "s3", "s3a", "gs", "gcs", "abfs", "abfss", "az", "adl", "hdfs", "viewfs", "oss", "cos",
-})
+#: URI schemes of durable object stores that the image's pyarrow opens itself
+#: (`pyarrow.fs.FileSystem.from_uri`, checked against pyarrow 2x: S3, GCS, Azure Data Lake Gen2).
+#: Ray Train hands any other scheme to fsspec, whose backends (s3fs, adlfs, ossfs...) the image
+#: does not install, so the job would fail only once training started.
+OBJECT_STORE_SCHEMES = frozenset({"s3", "gs", "gcs", "abfs", "abfss"})
+#: Schemes a user may reasonably write that the image cannot open: the fix for each.
+SCHEME_FIXES = {
+    "s3a": "use s3:// (s3a:// is Hadoop's name; pyarrow knows s3://)",
+    "s3n": "use s3:// (s3n:// is Hadoop's name; pyarrow knows s3://)",
+    "az": "use abfss://CONTAINER@ACCOUNT.dfs.core.windows.net/... (az:// needs adlfs, "
+          "which the image lacks)",
+    "adl": "use Azure Data Lake Gen2, abfss://CONTAINER@ACCOUNT.dfs.core.windows.net/...",
+    "wasb": "use abfss://CONTAINER@ACCOUNT.dfs.core.windows.net/...",
+    "wasbs": "use abfss://CONTAINER@ACCOUNT.dfs.core.windows.net/...",
+    "hdfs": "the image has no Java or libhdfs; use s3://, gs:// or abfss://, or a path on the PVC",
+    "viewfs": "the image has no Java or libhdfs; use s3://, gs:// or abfss://, or a path on the PVC",
+}
 #: Where Ray Train writes by default; it lives on the pod's (or laptop's scratch) disk.
 RAY_DEFAULT_DIRS = ("~/ray_results", "/home/ray/ray_results", "/root/ray_results")
 #: Mount points that are never a shared volume in a Ray pod.
@@ -153,11 +166,43 @@ def _unknown_scheme(path: str, scheme: str, mount: str | None) -> str:
         where = f" use {mount}/... or s3://bucket/runs" if mount else " use an absolute directory"
         return (f"--storage-path {path!r}: local:// is each node's own disk, so workers' checkpoints "
                 f"are scattered and deleted with the pods;{where}")
-    if scheme.lower() in OBJECT_STORE_SCHEMES:
-        return (f"--storage-path {path!r}: write the scheme in lower case, "
+    if scheme.lower() in OBJECT_STORE_SCHEMES and scheme != scheme.lower():
+        return (f"--storage-path {path!r}: use the scheme in lower case, "
                 f"{scheme.lower()}://; the filesystems Ray Train uses know no other spelling")
+    if scheme.lower() in SCHEME_FIXES:
+        return (f"--storage-path {path!r}: the image cannot open {scheme}://; "
+                f"{SCHEME_FIXES[scheme.lower()]}")
     known = ", ".join(sorted(s + "://" for s in OBJECT_STORE_SCHEMES))
     return f"--storage-path {path!r}: unsupported scheme {scheme}://; use one of {known} or a path"
+
+
+def check_pod_file(flag: str, path: str, mount: str) -> None:
+    """A file the pod reads (--data, --bpe-file): an object-store URI, or an absolute path (on
+    the storage mount, or baked into the image). A laptop path means nothing in the pod."""
+    scheme = scheme_of(path)
+    fix = (f"copy it to the checkpoint volume ({mount}/...) or a bucket (s3://...) and pass "
+           "that, or bake it into the image and pass its absolute path")
+    if scheme:
+        if scheme in OBJECT_STORE_SCHEMES:
+            return
+        what = SCHEME_FIXES.get(scheme.lower(), "use s3://, gs:// or abfss://")
+        if scheme == "file":
+            what = "write the absolute path itself, without file://"
+        if scheme.lower() in OBJECT_STORE_SCHEMES:
+            what = f"use the scheme in lower case, {scheme.lower()}://"
+        raise StoragePolicyError(f"{flag} {path!r}: the image cannot open {scheme}://; {what}")
+    if path.startswith("~"):
+        raise StoragePolicyError(f"{flag} {path!r} is a path in your home directory, which the "
+                                 f"pod does not have; {fix}")
+    if not path.startswith("/"):
+        raise StoragePolicyError(f"{flag} {path!r} is a relative path on this machine, which the "
+                                 f"pod does not have; {fix}")
+
+
+def pod_file_schema() -> dict:
+    """check_pod_file as JSON Schema, for the chart: an absolute path or a readable URI."""
+    schemes = "|".join(sorted(OBJECT_STORE_SCHEMES))
+    return {"pattern": f"^(/|({schemes})://)"}
 
 
 def _is_under(path: str, root: str) -> bool:

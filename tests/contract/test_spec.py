@@ -112,7 +112,7 @@ def test_quantities_from_yaml_numbers_are_accepted():
 
 def test_worker_count_is_replicas_times_gpus_or_replicas():
     assert JobSpec.build(name="j", replicas=8, gpu_per_pod=1).num_train_workers == 8
-    assert JobSpec.build(name="j", replicas=2, gpu_per_pod=4).num_train_workers == 8
+    assert JobSpec.build(name="j", replicas=2, gpu_per_pod=4, cpu_per_pod="8").num_train_workers == 8
     assert JobSpec.build(name="j", replicas=3).num_train_workers == 3
 
 
@@ -137,3 +137,30 @@ def test_fsdp_without_gpus_is_refused_with_the_fix(values):
     with pytest.raises(SpecError, match=r"--fsdp shards the model across GPUs: add --gpu-per-pod"):
         JobSpec.build({"name": "j", **values})
     assert JobSpec.build({"name": "j", "fsdp": True, "gpu_per_pod": 1}).fsdp
+
+
+# --- #10 item 2: resources that fit -----------------------------------------------------------
+
+@pytest.mark.parametrize("cpu, gpus, per_worker", [
+    ("4", 0, 3), ("2", 0, 1), ("4", 1, 3), ("9", 8, 1), ("64", 8, 7), ("16", 4, 3),
+    ("2500m", 2, 1), ("1500m", 0, 1), ("3", 2, 1)])
+def test_cpus_per_train_worker_leave_one_for_ray_data(cpu, gpus, per_worker):
+    spec = JobSpec.build(name="j", cpu_per_pod=cpu, gpu_per_pod=gpus)
+    assert spec.cpus_per_train_worker == per_worker
+    assert spec.cpus_per_train_worker * spec.workers_per_pod + 1 <= -(-float(cpu.rstrip("m")) //
+                                                                     (1000 if cpu.endswith("m") else 1))
+
+
+@pytest.mark.parametrize("cpu, gpus, fix", [("1", 0, "2"), ("500m", 0, "2"), ("4", 4, "5"),
+                                             ("8", 8, "9"), ("2", 2, "3")])
+def test_pods_that_cannot_hold_their_workers_are_refused_in_one_line(cpu, gpus, fix):
+    with pytest.raises(SpecError) as info:
+        JobSpec.build(name="j", cpu_per_pod=cpu, gpu_per_pod=gpus)
+    message = str(info.value)
+    assert "\n" not in message and f"--cpu-per-pod {fix} or more" in message
+    assert info.value.exit_code == 2
+
+
+def test_the_pod_derives_the_same_cpus_per_worker_from_its_document():
+    spec = JobSpec.build(name="j", cpu_per_pod="16", gpu_per_pod=4)
+    assert JobSpec.from_document(spec.document()).cpus_per_train_worker == 3

@@ -21,13 +21,14 @@ def test_render_stdout_is_the_plan(runner):
     expected = render(JobSpec.build(name="gpt2-demo", replicas=8, gpu_per_pod=1))
     assert result.stdout == str(expected)
     assert [o["kind"] for o in yaml.safe_load_all(result.stdout)] == [
-        "PersistentVolumeClaim", "ServiceAccount", "Role", "RoleBinding", "ConfigMap", "RayJob"]
+        "PersistentVolumeClaim", "ServiceAccount", "Role", "RoleBinding", "ConfigMap", "NetworkPolicy",
+        "RayJob"]
 
 
 def test_render_json_is_a_list(runner):
     result = runner.invoke(main, ["render", "--name", "j", "-o", "json"])
     doc = json.loads(result.stdout)
-    assert doc["kind"] == "List" and len(doc["items"]) == 6
+    assert doc["kind"] == "List" and len(doc["items"]) == 7
 
 
 def test_render_directory_writes_one_file_per_object_and_a_kustomization(runner, tmp_path):

@@ -30,7 +30,8 @@ def test_submit_applies_every_object_and_prints_next_steps(api, kubeconfig, runn
     for gvr, name in [(RAYJOBS, "gpt2-demo"), ("v1/persistentvolumeclaims", "gpt2-demo-checkpoints"),
                       ("v1/serviceaccounts", "gpt2-demo-progress"), ("v1/configmaps", "gpt2-demo-progress"),
                       ("rbac.authorization.k8s.io/v1/roles", "gpt2-demo-progress"),
-                      ("rbac.authorization.k8s.io/v1/rolebindings", "gpt2-demo-progress")]:
+                      ("rbac.authorization.k8s.io/v1/rolebindings", "gpt2-demo-progress"),
+                      ("networking.k8s.io/v1/networkpolicies", "gpt2-demo")]:
         obj = stored(api, gvr, name)
         assert obj is not None, name
         assert obj["metadata"]["uid"] and obj["metadata"]["resourceVersion"]
@@ -38,7 +39,7 @@ def test_submit_applies_every_object_and_prints_next_steps(api, kubeconfig, runn
     assert "submitter watch gpt2-demo -n default" in result.output
     assert "submitter logs gpt2-demo -n default -f" in result.output
     applies = [q for m, p, q in writes(api)]
-    assert all(q == {"fieldManager": "submitter", "force": "true"} for q in applies) and len(applies) == 6
+    assert all(q == {"fieldManager": "submitter", "force": "true"} for q in applies) and len(applies) == 7
 
 
 def test_second_identical_submit_changes_nothing(api, kubeconfig, runner):
@@ -48,7 +49,7 @@ def test_second_identical_submit_changes_nothing(api, kubeconfig, runner):
     result = submit(runner, kubeconfig)
     assert result.exit_code == 0, result.output
     assert api.emulator.rv == before and len(api.emulator.history) == history  # no object changed
-    assert result.output.count(" unchanged") == 6
+    assert result.output.count(" unchanged") == 7
 
 
 def test_changed_spec_of_a_running_job_is_refused_with_the_way_out(api, kubeconfig, runner):
@@ -87,7 +88,8 @@ def test_dry_run_client_prints_objects_and_sends_nothing(api, kubeconfig, runner
         result = submit(runner, kubeconfig, "--dry-run=client", "-o", output)
         assert result.exit_code == 0, result.output
         kinds = [o["kind"] for o in parse(result.output)]
-        assert kinds == ["PersistentVolumeClaim", "ServiceAccount", "Role", "RoleBinding", "ConfigMap", "RayJob"]
+        assert kinds == ["PersistentVolumeClaim", "ServiceAccount", "Role", "RoleBinding", "ConfigMap",
+                         "NetworkPolicy", "RayJob"]
     assert api.emulator.log == []
 
 
@@ -97,7 +99,7 @@ def test_dry_run_server_sends_dry_run_all_and_persists_nothing(api, kubeconfig, 
     items = json.loads(result.stdout)["items"]
     assert [o["kind"] for o in items][-1] == "RayJob" and items[-1]["metadata"]["uid"]
     patches = [q for m, p, q in writes(api)]
-    assert len(patches) == 6 and all(q.get("dryRun") == "All" for q in patches)
+    assert len(patches) == 7 and all(q.get("dryRun") == "All" for q in patches)
     assert stored(api, RAYJOBS, "gpt2-demo") is None
     assert stored(api, "v1/persistentvolumeclaims", "gpt2-demo-checkpoints") is None
     text = submit(runner, kubeconfig, "--dry-run=server")
@@ -205,7 +207,7 @@ def test_403_names_the_verb_and_resource_and_says_what_was_applied(api, kubeconf
     assert result.exit_code == 1
     assert "you may not patch rolebindings.rbac.authorization.k8s.io in namespace default" in result.output
     assert "role/gpt2-demo-progress created" in result.output
-    assert "not applied: rolebinding/gpt2-demo-progress, configmap/gpt2-demo-progress, rayjob/gpt2-demo" in result.output
+    assert "not applied: rolebinding/gpt2-demo-progress, configmap/gpt2-demo-progress, networkpolicy/gpt2-demo, rayjob/gpt2-demo" in result.output
 
 
 def test_409_conflict_is_reported(api, kubeconfig, runner):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import importlib.util
 import json
+import re
 from typing import Any
 
 import pytest
@@ -21,7 +22,8 @@ from hypothesis import strategies as st
 
 from submitter.contract import storage
 from submitter.contract.errors import SpecError, StoragePolicyError
-from submitter.contract.spec import MAX_NAME_LENGTH, JobSpec, camel, defaults, field_types, fields
+from submitter.contract.spec import (_CREDENTIAL_ENV, MAX_NAME_LENGTH, JobSpec, camel, defaults,
+                                     field_types, fields)
 from submitter.contract.storage import OBJECT_STORE_SCHEMES, check_job_storage
 from submitter.plan import to_yaml
 from submitter.render import render
@@ -88,7 +90,7 @@ PARITY = {
     "storage-class": dict(name="nfs-demo", storage_class="nfs-client", storage_size="2Ti"),
     "namespace": dict(name="ns-demo", namespace="team-a"),
     "everything-set": dict(
-        name="full", namespace="ml", replicas=4, gpu_per_pod=2, cpu_per_pod="500m",
+        name="full", namespace="ml", replicas=4, gpu_per_pod=2, cpu_per_pod="2500m",
         memory_per_pod="1.5Gi", head_cpu="1", head_memory="2Gi", image="reg.io/team/img:1.2",
         image_pull_policy="Always", env={"WANDB_MODE": "offline", "A_B": 'x: "y"\n- z <&>'},
         storage_path="/mnt/ckpt/./runs/../runs/", storage_mount="/mnt/ckpt/", storage_size="5Gi",
@@ -103,6 +105,22 @@ PARITY = {
     "object-store-existing-pvc": dict(name="mixed", storage_path="gs://b/r", existing_pvc="pvc-1"),
     "no-dataset-config": dict(name="nocfg", dataset="python-stdlib", dataset_config=None),
     "large-learning-rate": dict(name="lr", learning_rate=1234567.5),
+    "scheduling": dict(
+        name="sched", namespace="ml", replicas=2, gpu_per_pod=4, cpu_per_pod="16",
+        gpu_type="NVIDIA-A100-SXM4-80GB", gpu_type_label="cloud.google.com/gke-accelerator",
+        gpu_toleration="sku=gpu:NoSchedule", node_selector={"pool": "gpu", "zone": "a"},
+        toleration=["dedicated=ml:NoSchedule", "spot:NoExecute", "example.com/x=:PreferNoSchedule"],
+        priority_class="high-priority", runtime_class="nvidia", queue="team-a",
+        image_pull_secret=["regcred", "other"], service_account="irsa-ml",
+        label={"team": "ml", "cost-center": "42"}, annotation={"owner": "a@b.c", "note": 'x: "y"'},
+        secret_env={"AWS_SECRET_ACCESS_KEY": "aws:secret-key", "HF_TOKEN": "hf:token"},
+        env_from_secret=["wandb", "db-creds"], termination_grace_period=0),
+    "unlocked": dict(name="open", ray_auth="disabled", network_policy=False, gpu_toleration=None,
+                     replicas=1, gpu_per_pod=1),
+    "mutable-image": dict(name="latest", image="reg.io:5000/team/img"),
+    "mutable-image-latest": dict(name="latest2", image="img:latest", gpu_per_pod=1),
+    "digest-image": dict(name="digest", image="reg.io/img@sha256:abc"),
+    "gpu-type-default-label": dict(name="gt", gpu_per_pod=1, gpu_type="Tesla-T4"),
 }
 
 
@@ -194,10 +212,11 @@ _specs = st.fixed_dictionaries({
     "namespace": st.sampled_from(["default", "team-a", "x"]),
     "replicas": st.integers(1, 512),
     "gpu_per_pod": st.integers(0, 8),
-    "cpu_per_pod": st.sampled_from(["4", "500m", "0.5", "64"]),
+    "cpu_per_pod": st.sampled_from(["4", "9", "2500m", "64"]),
     "memory_per_pod": st.sampled_from(["16Gi", "512Mi", "1.5G"]),
     "env": st.dictionaries(st.from_regex(r"\A[A-Z][A-Z0-9_]{0,10}\Z").filter(
-        lambda key: not key.startswith("SUBMITTER_")), st.text(_printable), max_size=4),
+        lambda key: not key.startswith("SUBMITTER_") and not re.search(_CREDENTIAL_ENV, key)),
+        st.text(_printable), max_size=4),
     "storage_path": st.one_of(st.none(), st.sampled_from(
         ["s3://b/r", "gs://b", "/mnt/checkpoints/x", "file:///mnt/checkpoints/y//z/"])),
     "existing_pvc": st.one_of(st.none(), _word),
@@ -211,7 +230,22 @@ _specs = st.fixed_dictionaries({
     "fsdp": st.booleans(),
     "allow_ephemeral_storage": st.booleans(),
     "active_deadline_seconds": st.one_of(st.none(), st.integers(1, 10**7)),
-}).filter(lambda d: d["gpu_per_pod"] > 0 or not d["fsdp"])  # FSDP needs GPUs
+    "label": st.dictionaries(_word, _word, max_size=2),
+    "annotation": st.dictionaries(_word, st.text(_printable), max_size=2),
+    "node_selector": st.dictionaries(_word, _word, max_size=2),
+    "toleration": st.lists(st.sampled_from(["a:NoSchedule", "b=c:NoExecute", "x.io/y=:PreferNoSchedule"]),
+                           max_size=3),
+    "gpu_type": st.one_of(st.none(), _word),
+    "queue": st.one_of(st.none(), _word),
+    "service_account": st.one_of(st.none(), _word),
+    "image": st.one_of(st.none(), st.sampled_from(["img", "img:1", "r.io:5000/i", "i@sha256:0"])),
+    "secret_env": st.dictionaries(st.from_regex(r"\A[A-Z][A-Z0-9_]{0,10}\Z").filter(
+        lambda key: not key.startswith("SUBMITTER_")), st.sampled_from(["s:k", "a.b:c-d"]), max_size=2),
+}).filter(lambda d: (d["gpu_per_pod"] > 0 or not d["fsdp"])  # FSDP needs GPUs
+          and (d["gpu_per_pod"] > 0 or d["gpu_type"] is None)  # a GPU type needs GPUs
+          # a CPU per Ray Train worker, plus one for Ray Data (Ray counts the limit rounded up)
+          and -(-int(d["cpu_per_pod"].rstrip("m")) // (1000 if d["cpu_per_pod"].endswith("m") else 1))
+          >= max(d["gpu_per_pod"], 1) + 1)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -336,12 +370,37 @@ def test_every_key_is_documented() -> None:
 PROBES: dict[str, list[Any]] = {
     "name": ["", "a", "gpt2-demo", "a" * 47, "a" * 48, "Demo", "1abc", "abc-", "a_b", "a.b"],
     "namespace": ["default", "team-a", "0ns", "a" * 63, "a" * 64, "Team", "-a", "a.b", ""],
-    "cpu_per_pod": ["4", "500m", "0.5", ".5", "1.5Gi", 4, "four", "4 ", "-1", "1e3", "", "0",
-                    "0m", 0, "\u0664"],
-    "image": ["img", "reg.io/team/img:1.2", "img@sha256:abc", "Img", "img:tag latest", ""],
-    "image_pull_policy": ["Always", "IfNotPresent", "Never", "always", ""],
+    "image": [None, "img", "reg.io/team/img:1.2", "img@sha256:abc", "Img", "img:tag latest", ""],
+    "image_pull_policy": [None, "Always", "IfNotPresent", "Never", "always", ""],
     "env": [{}, {"A": "1"}, {"_x": ""}, {"1A": "x"}, {"A-B": "x"},
-            {"SUBMITTER_X": "x"}, {"A": "a\x00b"}, {"A": 'x: "y"\n- z'}],
+            {"SUBMITTER_X": "x"}, {"A": "a\x00b"}, {"A": 'x: "y"\n- z'}, {"AWS_SECRET_ACCESS_KEY": "x"},
+            {"HF_TOKEN": "x"}, {"db_password": "x"}, {"OPENAI_API_KEY": "x"}, {"MY_APIKEY": "x"}],
+    "secret_env": [{}, {"A": "s:k"}, {"A": "s.x-y:k_e.y-z"}, {"A": "s"}, {"A": "S:k"}, {"A": ":k"},
+                   {"A": "s:"}, {"A": "s:k:z"}, {"SUBMITTER_X": "s:k"}, {"1A": "s:k"}, {"A": "s:k\n"}],
+    "env_from_secret": [[], ["s"], ["a.b", "c"], ["S"], [""], ["a_b"], ["a" * 254]],
+    "label": [{}, {"team": "ml"}, {"example.com/x": ""}, {"a": "b" * 64}, {"a": "-x"},
+              {"submitter.dev/job": "x"}, {"app.kubernetes.io/name": "x"}, {"ray.io/x": "y"},
+              {"app.kubernetes.io/part-of": "x"}, {"app.kubernetes.io/name-x": "y"},
+              {"kueue.x-k8s.io/queue-name": "q"}, {"a/b/c": "x"}, {"A_b.c": "x"}, {"": "x"},
+              {"x" * 64: "y"}, {"Ex.com/x": "y"}],
+    "annotation": [{}, {"owner": "a b: c\n"}, {"submitter.dev/job-uid": "x"}, {"a b": "x"},
+                   {"example.com/x": "y"}, {"a": "b\x00"}],
+    "node_selector": [{}, {"pool": "gpu"}, {"kubernetes.io/arch": "amd64"}, {"a": "b c"},
+                      {"a": ""}, {"bad key": "x"}],
+    "toleration": [[], ["a:NoSchedule"], ["a=b:NoExecute", "c:PreferNoSchedule"], ["a=:NoSchedule"],
+                   ["a"], ["a:Never"], ["a=b"], [":NoSchedule"], ["a=b c:NoSchedule"],
+                   ["x.io/y=z:NoSchedule"], ["a:NoSchedule\n"]],
+    "gpu_toleration": [None, "nvidia.com/gpu:NoSchedule", "sku=gpu:NoSchedule", "x", "a:b", ""],
+    "gpu_type": [None, "NVIDIA-A100-SXM4-80GB", "Tesla T4", "", "a" * 64],
+    "gpu_type_label": ["nvidia.com/gpu.product", "gpu", "", "a b", "x/y/z"],
+    "priority_class": [None, "high", "High", "", "a" * 254],
+    "runtime_class": [None, "nvidia", "gVisor", ""],
+    "queue": [None, "team-a", "Team_A.1", "", "a b", "a" * 64],
+    "service_account": [None, "irsa", "IRSA", "", "a.b"],
+    "image_pull_secret": [[], ["regcred"], ["a", "b"], ["Reg"], [""]],
+    "ray_auth": ["token", "disabled", "on", ""],
+    "data": [None, "/mnt/checkpoints/d.txt", "/opt/data/x", "s3://b/d/", "gs://b/x", "./data",
+             "data.txt", "~/data", "s3a://b/x", "S3://b/x", "hdfs://n/x", "file:///x", ""],
     "storage_path": [None, "/mnt/checkpoints/x", "s3://b/r", "", "/mnt/checkpoints/a b",
                      "/mnt/checkpoints/$(x)", "/mnt/checkpoints/a;b", "~/x", "~", "/mnt/~x",
                      "-/mnt/checkpoints"],
@@ -358,6 +417,8 @@ PROBES: dict[str, list[Any]] = {
     "learning_rate": [6e-4, 1, 0.0, -1e-3, 1e300],
     "weight_decay": [0.0, 0.1, -0.1],
     "val_percent": [0.0, 5.0, 99.5, 100.0, -1.0],
+    "cpu_per_pod": ["4", "500m", "0.5", ".5", "1.5Gi", 4, "four", "4 ", "-1", "1e3", "", "0",
+                    "0m", 0, "\u0664", "2", "1", "1001m", "2000m"],
 }
 for _f in fields():  # every yes/no and whole-number field: both sides agree at the bounds
     _kind = field_types()[_f.name]
@@ -369,6 +430,10 @@ for _f in fields():  # every yes/no and whole-number field: both sides agree at 
 #: The one rule across fields: FSDP needs GPUs (probed with the default gpuPerPod 0 above).
 PAIRS = [{"fsdp": True, "gpuPerPod": 1}, {"fsdp": True, "gpuPerPod": 0},
          {"fsdp": False, "gpuPerPod": 0}]
+#: The other rules across fields: CPUs that fit the pod's workers, a GPU type needs GPUs.
+CROSS = [{"gpuPerPod": 3, "cpuPerPod": "4"}, {"gpuPerPod": 4, "cpuPerPod": "4"},
+         {"gpuPerPod": 8, "cpuPerPod": "8500m"}, {"gpuPerPod": 8, "cpuPerPod": "8"},
+         {"gpuType": "T4", "gpuPerPod": 0}, {"gpuType": "T4", "gpuPerPod": 1}]
 
 
 @pytest.mark.parametrize("field", sorted(PROBES))
@@ -385,6 +450,12 @@ def test_fsdp_needs_gpus_in_both(pair: dict) -> None:
     assert (_python_render(values) == "refused") == (pair == {"fsdp": True, "gpuPerPod": 0})
 
 
+@pytest.mark.parametrize("values", CROSS)
+def test_rules_across_fields_hold_in_both(values: dict) -> None:
+    merged = {**default_values(), "name": "probe", **values}
+    assert _in_the_cluster(merged) == _python_render(merged)
+
+
 @pytest.mark.parametrize("field, value", [("name", "abc\n"), ("cpu_per_pod", "4\n")])
 def test_a_trailing_newline_is_refused_by_both(field: str, value: str) -> None:
     values = {**default_values(), "name": "probe", camel(field): value}
@@ -394,7 +465,7 @@ def test_a_trailing_newline_is_refused_by_both(field: str, value: str) -> None:
 def test_every_jobspec_field_is_probed() -> None:
     same_check = {"memory_per_pod": "cpu_per_pod", "head_cpu": "cpu_per_pod",
                   "head_memory": "cpu_per_pod", "storage_size": "cpu_per_pod",
-                  "data": "dataset_config", "bpe_file": "dataset_config", "text_column": "dataset",
+                  "bpe_file": "data", "text_column": "dataset",
                   "grad_clip": "weight_decay"}
     assert set(PROBES) | set(same_check) == {f.name for f in fields()}
     checks = {f.name: f.metadata["check"] for f in fields()}

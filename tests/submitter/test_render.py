@@ -28,6 +28,17 @@ VARIANTS = {
     "namespace": dict(name="ns-job", namespace="ml-team", env={"WANDB_MODE": "offline"}),
     "data-files": dict(name="files", data="s3://bucket/corpus/", bpe_file="/mnt/checkpoints/gpt2.tiktoken",
                        max_steps_per_epoch=100, active_deadline_seconds=86400),
+    "scheduling": dict(name="sched", replicas=2, gpu_per_pod=4, cpu_per_pod="16",
+                       gpu_type="NVIDIA-A100-SXM4-80GB", node_selector={"pool": "gpu"},
+                       toleration=["dedicated=ml:NoSchedule", "spot:NoExecute", "x.io/y=:PreferNoSchedule"],
+                       gpu_toleration="sku=gpu:NoSchedule", priority_class="high",
+                       runtime_class="nvidia", image_pull_secret=["regcred"],
+                       label={"team": "ml"}, annotation={"example.com/owner": "ml team: x"},
+                       termination_grace_period=0),
+    "kueue": dict(name="queued", queue="team-a", service_account="irsa-ml"),
+    "credentials": dict(name="creds", secret_env={"AWS_SECRET_ACCESS_KEY": "aws:secret"},
+                        env_from_secret=["hf", "wandb"], env={"WANDB_MODE": "offline"}),
+    "unlocked": dict(name="open", ray_auth="disabled", network_policy=False),
 }
 
 
@@ -69,14 +80,18 @@ def test_rayjob_shape():
 
 
 def test_no_gpu_keys_on_cpu():
-    text = str(plan_for(name="cpu-job"))
-    assert "nvidia.com/gpu" not in text
+    rayjob = by_kind(plan_for(name="cpu-job", gpu_type_label="x.io/gpu"))["RayJob"]
+    for _, template in pod_templates(rayjob):
+        pod = template["spec"]
+        assert "tolerations" not in pod and "nodeSelector" not in pod
+        assert all("nvidia.com/gpu" not in c["resources"].get("limits", {}) for c in pod["containers"])
 
 
 @pytest.mark.parametrize("replicas, gpus, workers, use_gpu", [
     (8, 1, 8, True), (4, 8, 32, True), (3, 0, 3, False), (1, 0, 1, False)])
 def test_the_pod_gets_the_worker_count_and_storage(replicas, gpus, workers, use_gpu):
-    spec = JobSpec.build(name="job", replicas=replicas, gpu_per_pod=gpus, max_failures=5)
+    spec = JobSpec.build(name="job", replicas=replicas, gpu_per_pod=gpus, max_failures=5,
+                         cpu_per_pod=str(gpus + 4))
     pod_job = job_document(render(spec))
     assert pod_job.num_train_workers == workers and (pod_job.gpu_per_pod > 0) is use_gpu
     assert pod_job.max_failures == 5
@@ -203,3 +218,207 @@ def test_plan_does_not_share_state_between_renders():
     mutated = copy.deepcopy(list(first))
     mutated[0]["metadata"]["name"] = "changed"
     assert list(plan_for(name="job")) == list(first)
+
+
+# --- #10 item 4 / #13 item 4: scheduling on every pod ------------------------------------------
+
+def _pods(plan):
+    return dict(pod_templates(by_kind(plan)["RayJob"]))
+
+
+def test_scheduling_settings_reach_every_pod_and_gpu_ones_only_gpu_workers():
+    pods = _pods(plan_for(**VARIANTS["scheduling"]))
+    assert set(pods) == {"head", "worker workers", "submitter"}
+    user_tolerations = [{"key": "dedicated", "operator": "Equal", "value": "ml", "effect": "NoSchedule"},
+                        {"key": "spot", "operator": "Exists", "effect": "NoExecute"},
+                        {"key": "x.io/y", "operator": "Equal", "value": "", "effect": "PreferNoSchedule"}]
+    for role, template in pods.items():
+        pod = template["spec"]
+        assert pod["priorityClassName"] == "high" and pod["runtimeClassName"] == "nvidia"
+        assert pod["imagePullSecrets"] == [{"name": "regcred"}]
+        if role == "worker workers":
+            assert pod["nodeSelector"] == {"pool": "gpu", "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"}
+            assert pod["tolerations"] == user_tolerations + [
+                {"key": "sku", "operator": "Equal", "value": "gpu", "effect": "NoSchedule"}]
+        else:
+            assert pod["nodeSelector"] == {"pool": "gpu"}
+            assert pod["tolerations"] == user_tolerations
+
+
+def test_gpu_type_label_is_settable_and_gpu_toleration_can_be_dropped():
+    pods = _pods(plan_for(name="g", gpu_per_pod=1, gpu_type="tesla-t4",
+                          gpu_type_label="cloud.google.com/gke-accelerator", gpu_toleration=None))
+    worker = pods["worker workers"]["spec"]
+    assert worker["nodeSelector"] == {"cloud.google.com/gke-accelerator": "tesla-t4"}
+    assert "tolerations" not in worker
+
+
+def test_a_gpu_type_without_gpus_is_refused():
+    with pytest.raises(SpecError, match="--gpu-type.*--gpu-per-pod"):
+        JobSpec.build(name="g", gpu_type="T4")
+
+
+@pytest.mark.parametrize("text", ["a", "a=b", "a:Never", ":NoSchedule", "a b:NoSchedule", "a=b=c:NoSchedule"])
+def test_a_malformed_toleration_is_one_line_with_the_form(text):
+    with pytest.raises(SpecError) as info:
+        JobSpec.build(name="t", toleration=[text])
+    message = str(info.value)
+    assert "\n" not in message and "KEY[=VALUE]:EFFECT" in message and info.value.exit_code == 2
+
+
+def test_queue_labels_the_rayjob_for_kueue_and_suspends_it():
+    rayjob = by_kind(plan_for(**VARIANTS["kueue"]))["RayJob"]
+    assert rayjob["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a"
+    assert rayjob["spec"]["suspend"] is True
+    plain = by_kind(plan_for(name="plain"))["RayJob"]
+    assert "suspend" not in plain["spec"] and "kueue.x-k8s.io/queue-name" not in plain["metadata"]["labels"]
+
+
+def test_an_existing_service_account_is_used_not_rendered_and_the_role_binds_to_it():
+    objs = by_kind(plan_for(**VARIANTS["kueue"]))
+    assert "ServiceAccount" not in objs
+    assert objs["RoleBinding"]["subjects"] == [{"kind": "ServiceAccount", "name": "irsa-ml",
+                                                "namespace": "default"}]
+    for template in _pods(plan_for(**VARIANTS["kueue"])).values():
+        assert template["spec"]["serviceAccountName"] == "irsa-ml"
+
+
+# --- #9 item 1 (render side): identity on every object and pod template -----------------------
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_every_object_and_pod_template_carries_the_job_identity(variant):
+    from submitter.contract import naming
+
+    spec = JobSpec.build(VARIANTS[variant])
+    labels = {**spec.label, **naming.labels(spec.name)}
+    annotations = {**spec.annotation, **naming.annotations(spec.namespace, spec.name)}
+    plan = list(render(spec))
+    metas = [o["metadata"] for o in plan]
+    metas += [t["metadata"] for _, t in pod_templates(by_kind(plan)["RayJob"])]
+    for meta in metas:
+        assert labels.items() <= meta["labels"].items()
+        assert annotations.items() <= meta["annotations"].items()
+
+
+@pytest.mark.parametrize("key", ["submitter.dev/job", "app.kubernetes.io/name", "ray.io/node-type",
+                                 "kueue.x-k8s.io/queue-name"])
+def test_user_labels_cannot_fake_the_jobs_own(key):
+    with pytest.raises(SpecError, match="choose another"):
+        JobSpec.build(name="x", label={key: "y"})
+    with pytest.raises(SpecError, match="choose another"):
+        JobSpec.build(name="x", annotation={key: "y"})
+
+
+def test_other_well_known_labels_stay_the_users():
+    rayjob = by_kind(plan_for(name="x", label={"app.kubernetes.io/part-of": "llm"}))["RayJob"]
+    assert rayjob["metadata"]["labels"]["app.kubernetes.io/part-of"] == "llm"
+
+
+# --- #9 item 6: a locked-down Ray cluster ------------------------------------------------------
+
+def test_only_the_head_mounts_the_service_account_token():
+    objs = by_kind(plan_for(name="t"))
+    assert objs["ServiceAccount"]["automountServiceAccountToken"] is False
+    tokens = {role: t["spec"]["automountServiceAccountToken"] for role, t in _pods(list(objs.values())).items()}
+    assert tokens == {"head": True, "worker workers": False, "submitter": False}
+
+
+def test_ray_token_auth_is_on_by_default_and_can_be_turned_off():
+    assert by_kind(plan_for(name="t"))["RayJob"]["spec"]["rayClusterSpec"]["authOptions"] == {"mode": "token"}
+    assert "authOptions" not in by_kind(plan_for(**VARIANTS["unlocked"]))["RayJob"]["spec"]["rayClusterSpec"]
+
+
+def test_network_policy_admits_only_the_jobs_pods_and_the_operator():
+    objs = by_kind(plan_for(name="np"))
+    policy = objs["NetworkPolicy"]["spec"]
+    selector = policy["podSelector"]["matchLabels"]
+    for template in _pods(list(objs.values())).values():  # it selects every pod of the job
+        assert selector.items() <= template["metadata"]["labels"].items()
+    own, operator = policy["ingress"]
+    assert own == {"from": [{"podSelector": {"matchLabels": selector}}]}
+    assert operator["ports"] == [{"protocol": "TCP", "port": 8265}]
+    assert operator["from"][0]["podSelector"] == {"matchLabels": {"app.kubernetes.io/component": "kuberay-operator"}}
+    assert policy["policyTypes"] == ["Ingress"]
+    other = by_kind(plan_for(name="other"))["NetworkPolicy"]["spec"]["podSelector"]["matchLabels"]
+    assert other != selector
+    assert "NetworkPolicy" not in by_kind(plan_for(**VARIANTS["unlocked"]))
+
+
+@pytest.mark.parametrize("image, policy", [
+    (None, "IfNotPresent"), ("img", "Always"), ("img:latest", "Always"), ("reg.io:5000/img", "Always"),
+    ("reg.io:5000/img:1.2", "IfNotPresent"), ("img@sha256:abc", "IfNotPresent"),
+    ("img:latest@sha256:abc", "IfNotPresent")])
+def test_mutable_image_tags_are_always_pulled(image, policy):
+    for template in _pods(plan_for(name="i", image=image)).values():
+        assert {c["imagePullPolicy"] for c in template["spec"]["containers"]} == {policy}
+    explicit = _pods(plan_for(name="i", image=image, image_pull_policy="Never"))
+    assert {c["imagePullPolicy"] for t in explicit.values() for c in t["spec"]["containers"]} == {"Never"}
+
+
+def test_every_pod_stays_restricted():
+    for variant in VARIANTS:
+        for _, template in _pods(plan_for(**VARIANTS[variant])).items():
+            pod = template["spec"]
+            assert pod["securityContext"]["runAsNonRoot"] is True
+            for c in pod["containers"]:
+                assert c["securityContext"] == {"allowPrivilegeEscalation": False,
+                                                "capabilities": {"drop": ["ALL"]}}
+
+
+# --- #10 item 1: the default image follows the job -----------------------------------------------
+
+def test_default_image_follows_the_job_and_is_pinned_to_the_version():
+    from submitter import __version__
+
+    def images(**kw):
+        return {c["image"] for t in _pods(plan_for(**kw)).values() for c in t["spec"]["containers"]}
+
+    assert images(name="c") == {f"ghcr.io/submitter-dev/submitter-gpt2:{__version__}"}
+    assert images(name="g", gpu_per_pod=1) == {f"ghcr.io/submitter-dev/submitter-gpt2:{__version__}-gpu"}
+    assert images(name="o", gpu_per_pod=1, image="mine:1") == {"mine:1"}
+
+
+# --- #10 item 5: credentials from Secrets, never in plain text ---------------------------------
+
+def test_secret_env_and_env_from_secret_reach_every_ray_container():
+    pods = _pods(plan_for(**VARIANTS["credentials"]))
+    for role in ("head", "worker workers"):
+        (container,) = pods[role]["spec"]["containers"]
+        ref = next(e for e in container["env"] if e["name"] == "AWS_SECRET_ACCESS_KEY")
+        assert ref == {"name": "AWS_SECRET_ACCESS_KEY",
+                       "valueFrom": {"secretKeyRef": {"name": "aws", "key": "secret"}}}
+        assert container["envFrom"] == [{"secretRef": {"name": "hf"}}, {"secretRef": {"name": "wandb"}}]
+    assert "secret" not in str(pods["submitter"]["spec"]["containers"][0].get("env", ""))
+
+
+@pytest.mark.parametrize("key", ["AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "HF_TOKEN",
+                                 "DB_PASSWORD", "OPENAI_API_KEY", "my_apikey", "GITHUB_TOKEN"])
+def test_env_refuses_credentials_with_the_fix(key):
+    with pytest.raises(SpecError) as info:
+        JobSpec.build(name="c", env={key: "x"})
+    assert "--secret-env" in str(info.value) and "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("ref", ["aws", "aws:", ":key", "Aws:key", "aws:key:x"])
+def test_a_malformed_secret_env_is_refused(ref):
+    with pytest.raises(SpecError, match="NAME=SECRET:KEY"):
+        JobSpec.build(name="c", secret_env={"A": ref})
+
+
+# --- #10 item 7: no laptop paths in the pod ------------------------------------------------------
+
+@pytest.mark.parametrize("field", ["data", "bpe_file"])
+@pytest.mark.parametrize("path", ["corpus.txt", "./data/", "~/gpt2.tiktoken"])
+def test_laptop_paths_are_refused_at_render_but_the_spec_takes_them(field, path):
+    spec = JobSpec.build({"name": "p", field: path})  # submit --local runs them where they are
+    with pytest.raises(StoragePolicyError, match="copy it to the checkpoint volume"):
+        render(spec)
+
+
+# --- #12 item 2: time for a last checkpoint -------------------------------------------------------
+
+def test_termination_grace_period_on_the_ray_pods():
+    pods = _pods(plan_for(name="t", termination_grace_period=300))
+    assert pods["head"]["spec"]["terminationGracePeriodSeconds"] == 300
+    assert pods["worker workers"]["spec"]["terminationGracePeriodSeconds"] == 300
+    assert _pods(plan_for(name="d"))["head"]["spec"]["terminationGracePeriodSeconds"] == 120

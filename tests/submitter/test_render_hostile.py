@@ -31,6 +31,8 @@ FREE_TEXT = {
     "storage_size": "10Gi", "storage_class": "nfs", "storage_access_mode": "ReadWriteMany",
     "existing_pvc": "pvc", "model": "tiny", "dataset": "org/ds", "dataset_config": "cfg",
     "data": "s3://b/d", "bpe_file": "/mnt/checkpoints/r",
+    "gpu_type_label": "x.io/gpu", "gpu_toleration": "a:NoSchedule", "priority_class": "high",
+    "queue": "q", "runtime_class": "rc", "service_account": "sa",
 }
 
 
@@ -112,6 +114,33 @@ def test_hostile_env(key, value):
                   *rayjob["spec"]["rayClusterSpec"]["workerGroupSpecs"]]:
         assert {"name": key, "value": value} in group["template"]["spec"]["containers"][0]["env"]
     assert document(plan)["env"] == {key: value}
+
+
+#: The mapping and list settings (#10): a safe value each, so the structure compares like for like.
+COLLECTIONS = {"label": {"k": "v"}, "annotation": {"k": "v"}, "node_selector": {"k": "v"},
+               "secret_env": {"K": "s:k"}, "toleration": ["a:NoSchedule"],
+               "image_pull_secret": ["p"], "env_from_secret": ["s"]}
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(field=st.sampled_from(sorted(COLLECTIONS)), key=text, value=text)
+def test_hostile_keys_and_values_in_mappings_and_lists(field, key, value):
+    base = dict(FREE_TEXT, **COLLECTIONS)
+    base.pop("existing_pvc")
+    hostile = {key: value} if isinstance(COLLECTIONS[field], dict) else [value]
+    values = dict(base, **{field: hostile})
+    try:
+        plan = render(JobSpec.build(values))
+    except UsageError as e:
+        assert str(e) and "\n" not in str(e)
+        return
+    # a mapping's keys are keys of the objects (labels, annotations...): compare against the
+    # same key with a safe value
+    same_keys = ({key: next(iter(COLLECTIONS[field].values()))} if isinstance(hostile, dict)
+                 else COLLECTIONS[field])
+    assert shape(values) == shape(dict(base, **{field: same_keys})), \
+        f"{field}={hostile!r} changed the object structure"
+    assert document(plan)[field] == hostile
 
 
 def test_known_injections_are_inert():

@@ -40,21 +40,120 @@ schema, so it is checked here: DNS-1035, at most 47 characters (KubeRay derives 
 {{- .Values.existingPvc | default (printf "%s-checkpoints" (include "submitter.name" .)) -}}
 {{- end -}}
 
-{{/* submitter.labels (naming.labels), as JSON. */}}
+{{/* submitter.labels (naming.labels plus values.label; the job's own win), as JSON. */}}
 {{- define "submitter.labels" -}}
 {{- $name := include "submitter.name" . -}}
-{{- dict "app.kubernetes.io/name" "submitter"
-         "app.kubernetes.io/instance" $name
-         "app.kubernetes.io/managed-by" "submitter"
-         "submitter.dev/job" $name | toJson -}}
+{{- $labels := deepCopy (.Values.label | default dict) -}}
+{{- $_ := set $labels "app.kubernetes.io/name" "submitter" -}}
+{{- $_ := set $labels "app.kubernetes.io/instance" $name -}}
+{{- $_ := set $labels "app.kubernetes.io/managed-by" "submitter" -}}
+{{- $_ := set $labels "submitter.dev/job" $name -}}
+{{- toJson $labels -}}
 {{- end -}}
 
-{{/* submitter.metadata: name, namespace and labels of an object. Call: (list $ "<name>"). */}}
+{{/* submitter.annotations (naming.annotations plus values.annotation): the job uid is
+     sha256("<namespace>/<name>"), its first 16 hex digits. As JSON. */}}
+{{- define "submitter.annotations" -}}
+{{- $uid := printf "%s/%s" (include "submitter.namespace" .) (include "submitter.name" .) | sha256sum | trunc 16 -}}
+{{- $annotations := deepCopy (.Values.annotation | default dict) -}}
+{{- $_ := set $annotations "submitter.dev/job-uid" $uid -}}
+{{- toJson $annotations -}}
+{{- end -}}
+
+{{/* submitter.metadata: name, namespace, labels and annotations of an object. Call: (list $ "<name>"). */}}
 {{- define "submitter.metadata" -}}
 {{- $root := index . 0 -}}
 name: {{ index . 1 | toJson }}
 namespace: {{ include "submitter.namespace" $root | toJson }}
 labels: {{ include "submitter.labels" $root }}
+annotations: {{ include "submitter.annotations" $root }}
+{{- end -}}
+
+{{/* submitter.serviceAccount: values.serviceAccount (an existing one), else the job's own. */}}
+{{- define "submitter.serviceAccount" -}}
+{{- .Values.serviceAccount | default (include "submitter.progressName" .) -}}
+{{- end -}}
+
+{{/* submitter.image (JobSpec.resolved_image): values.image, else the project's CPU image, or
+     its -gpu variant for a GPU job, pinned to the chart's appVersion. */}}
+{{- define "submitter.image" -}}
+{{- if .Values.image -}}
+{{- .Values.image -}}
+{{- else -}}
+{{- printf "ghcr.io/submitter-dev/submitter-gpt2:%s%s" .Chart.AppVersion (ternary "-gpu" "" (gt (int64 .Values.gpuPerPod) 0)) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* submitter.imagePullPolicy (JobSpec.resolved_image_pull_policy): values.imagePullPolicy,
+     else Always for a mutable tag (latest or none, no digest), else IfNotPresent. */}}
+{{- define "submitter.imagePullPolicy" -}}
+{{- if .Values.imagePullPolicy -}}
+{{- .Values.imagePullPolicy -}}
+{{- else -}}
+{{- $image := include "submitter.image" . -}}
+{{- $last := regexReplaceAll "^.*/" $image "" -}}
+{{- if and (not (contains "@" $image)) (or (not (contains ":" $last)) (hasSuffix ":latest" $last)) -}}
+Always
+{{- else -}}
+IfNotPresent
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* submitter.toleration: "KEY[=VALUE]:EFFECT" (checked by the values schema) as a toleration
+     (spec.parse_toleration). */}}
+{{- define "submitter.toleration" -}}
+{{- $effect := regexReplaceAll "^.*:" . "" -}}
+{{- $kv := regexReplaceAll ":[^:]*$" . "" -}}
+{{- if contains "=" $kv -}}
+{{- $parts := splitn "=" 2 $kv -}}
+{{- dict "key" $parts._0 "operator" "Equal" "value" $parts._1 "effect" $effect | toJson -}}
+{{- else -}}
+{{- dict "key" $kv "operator" "Exists" "effect" $effect | toJson -}}
+{{- end -}}
+{{- end -}}
+
+{{/* submitter.pod (render.pod_settings): the pod-level settings of one pod template, as JSON.
+     Call: (list $ "head"|"worker"|"submitter"). */}}
+{{- define "submitter.pod" -}}
+{{- $root := index . 0 -}}
+{{- $role := index . 1 -}}
+{{- $v := $root.Values -}}
+{{- $gpuWorker := and (eq $role "worker") (gt (int64 $v.gpuPerPod) 0) -}}
+{{- $out := dict "serviceAccountName" (include "submitter.serviceAccount" $root) "automountServiceAccountToken" (eq $role "head") -}}
+{{- if ne $role "submitter" -}}
+{{- $_ := set $out "terminationGracePeriodSeconds" (int64 $v.terminationGracePeriod) -}}
+{{- end -}}
+{{- $nodeSelector := deepCopy ($v.nodeSelector | default dict) -}}
+{{- if and $gpuWorker $v.gpuType -}}
+{{- $_ := set $nodeSelector $v.gpuTypeLabel $v.gpuType -}}
+{{- end -}}
+{{- if $nodeSelector -}}{{- $_ := set $out "nodeSelector" $nodeSelector -}}{{- end -}}
+{{- $tolerations := list -}}
+{{- range ($v.toleration | default list) -}}
+{{- $tolerations = append $tolerations (include "submitter.toleration" . | fromJson) -}}
+{{- end -}}
+{{- if and $gpuWorker $v.gpuToleration -}}
+{{- $tolerations = append $tolerations (include "submitter.toleration" $v.gpuToleration | fromJson) -}}
+{{- end -}}
+{{- if $tolerations -}}{{- $_ := set $out "tolerations" $tolerations -}}{{- end -}}
+{{- if $v.priorityClass -}}{{- $_ := set $out "priorityClassName" $v.priorityClass -}}{{- end -}}
+{{- if $v.runtimeClass -}}{{- $_ := set $out "runtimeClassName" $v.runtimeClass -}}{{- end -}}
+{{- $secrets := list -}}
+{{- range ($v.imagePullSecret | default list) -}}
+{{- $secrets = append $secrets (dict "name" .) -}}
+{{- end -}}
+{{- if $secrets -}}{{- $_ := set $out "imagePullSecrets" $secrets -}}{{- end -}}
+{{- toJson $out -}}
+{{- end -}}
+
+{{/* submitter.envFrom: values.envFromSecret as envFrom entries, as JSON. */}}
+{{- define "submitter.envFrom" -}}
+{{- $out := list -}}
+{{- range (.Values.envFromSecret | default list) -}}
+{{- $out = append $out (dict "secretRef" (dict "name" .)) -}}
+{{- end -}}
+{{- toJson $out -}}
 {{- end -}}
 
 {{/*
@@ -81,6 +180,10 @@ volume. (Whether a path is durable is the pod's check, with the reason and the f
                  (dict "name" "SUBMITTER_NAMESPACE" "valueFrom" (dict "fieldRef" (dict "fieldPath" "metadata.namespace"))) -}}
 {{- range $key := keys (.Values.env | default dict) | sortAlpha -}}
 {{- $env = append $env (dict "name" $key "value" (get $.Values.env $key)) -}}
+{{- end -}}
+{{- range $key := keys (.Values.secretEnv | default dict) | sortAlpha -}}
+{{- $ref := splitn ":" 2 (get $.Values.secretEnv $key) -}}
+{{- $env = append $env (dict "name" $key "valueFrom" (dict "secretKeyRef" (dict "name" $ref._0 "key" $ref._1))) -}}
 {{- end -}}
 {{- toJson $env -}}
 {{- end -}}
