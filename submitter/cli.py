@@ -16,7 +16,7 @@ from typing import Any, Callable
 import click
 
 from submitter import __version__
-from submitter.cli_options import cluster_options, default_namespace
+from submitter.cli_options import cluster_options, default_namespace, request_timeout
 from submitter.contract.errors import SubmitterError, UsageError
 from submitter.contract.spec import JobSpec, defaults, field_types, flag_name, parse_pairs
 
@@ -101,7 +101,7 @@ def build_spec(options: dict[str, Any], context: str | None = None, kubeconfig: 
 
 #: Commands defined in `submitter.cli_cluster`, imported only when one of them runs (or for
 #: `--help`): `submitter render` must not pay for them.
-LAZY_COMMANDS = ("watch", "status", "list", "logs", "delete", "resume")
+LAZY_COMMANDS = ("watch", "status", "list", "logs", "stop", "delete", "resume")
 
 
 class _Group(click.Group):
@@ -215,4 +215,4 @@ def submit(local: bool, dry_run: str, watch_after: bool, output: str, kube_conte
 
     spec = build_spec(options, kube_context, kubeconfig)
     sys.exit(submit_job(spec, dry_run=dry_run, watch=watch_after, output=output,
-                        context=kube_context, kubeconfig=kubeconfig))
+                        context=kube_context, kubeconfig=kubeconfig, request_timeout=request_timeout()))

@@ -1,6 +1,7 @@
-"""Cluster commands: watch, status, list, logs, delete, resume.
+"""Cluster commands: watch, status, list, logs, stop, delete, resume.
 
-Each takes -n/--namespace, --context and --kubeconfig (in a pod, the in-cluster config is used);
+Each takes -n/--namespace, --context, --kubeconfig (in a pod, the in-cluster config is used) and
+--request-timeout (every command's API work has a deadline; exit 4 when the API does not answer);
 `kubernetes` is imported only inside the command bodies, so `submitter --help` stays fast.
 """
 
@@ -13,8 +14,7 @@ from typing import Any, Callable
 
 import click
 
-from submitter.cli_options import OutputChoice, cluster_options, default_namespace
-from submitter.contract.errors import UsageError
+from submitter.cli_options import OutputChoice, cluster_options, default_namespace, parse_duration, request_timeout
 from submitter.state import STATES
 
 
@@ -25,7 +25,7 @@ _STATES = tuple(s for s in STATES if s != "DELETED")
 def _kube(kube_context: str | None, kubeconfig: str | None) -> Any:
     from submitter.kube import Kube
 
-    return Kube(context=kube_context, kubeconfig=kubeconfig)
+    return Kube(context=kube_context, kubeconfig=kubeconfig, request_timeout=request_timeout())
 
 
 def namespace_option(func: Callable[..., Any]) -> Callable[..., Any]:
@@ -122,9 +122,12 @@ def watch(name: str, namespace: str, timeout: str | None, stall_timeout: str | N
 
     \b
     Exit codes:
-      0  succeeded
-      1  failed or stopped
+      0  succeeded (also when KubeRay already deleted the RayJob after it succeeded)
+      1  failed or stopped (also by submitter stop; a Kueue-held job is waited for), or
+         deleted before it ended
       3  --timeout elapsed (the job keeps running)
+      4  could not observe the job: the API is unreachable, rejects the credentials (401),
+         or did not answer within --request-timeout; the job may be fine
       5  --stall-timeout elapsed without progress (the job keeps running)
 
     Ctrl-C stops watching and leaves the job running. While the job cannot start, the first blocking reason (image pull, Unschedulable, OOMKilled,
@@ -225,21 +228,42 @@ def logs(name: str, namespace: str, follow: bool, kube_context: str | None, kube
 
 @click.command()
 @job_command
+def stop(name: str, namespace: str, kube_context: str | None, kubeconfig: str | None) -> None:
+    """Stop (suspend) a running job: KubeRay's spec.suspend, the Ray cluster is deleted.
+
+    The RayJob, its checkpoints and progress stay; `submitter resume NAME` continues the run
+    from its last checkpoint.
+
+    \b
+    Examples:
+      submitter stop gpt2-demo
+      submitter stop gpt2-demo -n team-a && submitter resume gpt2-demo -n team-a
+    """
+    from submitter.lifecycle import stop_job
+
+    stop_job(_kube(kube_context, kubeconfig), namespace, name, out=sys.stdout)
+
+
+@click.command()
+@job_command
 @click.option("--delete-pvc", metavar="PVC",
-              help="also delete this checkpoint PVC (must be the one submitter created for the job); "
-                   "without it the PVC and its checkpoints are always kept")
+              help="also delete this checkpoint PVC (must be the one submitter created for the job, "
+                   "and no other job or pod may mount it); without it the PVC and its checkpoints "
+                   "are always kept")
 def delete(name: str, namespace: str, delete_pvc: str | None, kube_context: str | None,
            kubeconfig: str | None) -> None:
     """Delete a job: its RayJob (with the Ray cluster), RBAC objects and progress ConfigMap.
 
-    The checkpoint PVC is kept unless you name it with --delete-pvc.
+    Only objects that carry this job's identity are deleted. The checkpoint PVC is kept
+    (with the job's settings: `submitter resume NAME` recreates the job) unless you name it
+    with --delete-pvc.
 
     \b
     Examples:
       submitter delete gpt2-demo
       submitter delete gpt2-demo --delete-pvc gpt2-demo-checkpoints
     """
-    from submitter.cluster import delete_job
+    from submitter.lifecycle import delete_job
 
     delete_job(_kube(kube_context, kubeconfig), namespace, name, delete_pvc=delete_pvc, out=sys.stdout)
 
@@ -249,17 +273,22 @@ def delete(name: str, namespace: str, delete_pvc: str | None, kube_context: str 
 @click.option("--watch", "watch_after", is_flag=True, help="watch the new attempt")
 def resume(name: str, namespace: str, watch_after: bool, kube_context: str | None,
            kubeconfig: str | None) -> None:
-    """Start a new attempt of a FAILED or STOPPED job; training continues from its last checkpoint.
+    """Continue a FAILED, STOPPED, SUSPENDED or deleted job from its last checkpoint.
 
-    The finished RayJob is replaced by one with the same name, spec, run name and storage; the
-    PVC and the progress ConfigMap are left alone.
+    A suspended job (submitter stop) is unsuspended. A finished RayJob is replaced by one with
+    the same name, spec, run name and storage, after a server dry run and with its settings
+    saved on its PVC first, so a resume that fails halfway can simply be run again. A deleted
+    job is recreated from those saved settings: no flags to retype. The PVC and the progress
+    ConfigMap are left alone.
 
     \b
     Examples:
       submitter resume gpt2-demo
       submitter resume gpt2-demo -n team-a --watch
+      submitter delete gpt2-demo && submitter resume gpt2-demo   # same settings, same run
     """
-    from submitter.cluster import resume_job, watch_job
+    from submitter.cluster import watch_job
+    from submitter.lifecycle import resume_job
 
     kube = _kube(kube_context, kubeconfig)
     resume_job(kube, namespace, name, out=sys.stdout)
@@ -267,18 +296,4 @@ def resume(name: str, namespace: str, watch_after: bool, kube_context: str | Non
         sys.exit(watch_job(kube, namespace, name))
 
 
-def parse_duration(text: str, flag: str = "--timeout") -> float:
-    """90 / 90s / 30m / 2h / 1h30m -> seconds; anything else is a usage error."""
-    import re
-
-    match = re.fullmatch(r"(?:(\d+)h)?(?:(\d+)m)?(?:(\d+(?:\.\d+)?)s?)?", text.strip())
-    if not text.strip() or not match or not any(match.groups()):
-        raise UsageError(f"{flag} {text!r} is not a duration; use e.g. 90s, 30m, 2h or 1h30m")
-    h, m, s = match.groups()
-    seconds = int(h or 0) * 3600 + int(m or 0) * 60 + float(s or 0)
-    if seconds <= 0:
-        raise UsageError(f"{flag} {text!r} must be positive")
-    return seconds
-
-
-COMMANDS: list = [watch, status, list_command, logs, delete, resume]
+COMMANDS: list = [watch, status, list_command, logs, stop, delete, resume]

@@ -2,13 +2,24 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any, Callable
 
 import click
 
+from submitter.contract.errors import UsageError
+
+#: Where `--request-timeout` leaves its value for the command body (click's per-run meta).
+_REQUEST_TIMEOUT_KEY = "submitter.request_timeout"
+
 
 def cluster_options(func: Callable[..., Any]) -> Callable[..., Any]:
-    """`--context` and `--kubeconfig` (in a pod, the in-cluster config is used)."""
+    """`--context`, `--kubeconfig` (in a pod, the in-cluster config is used) and
+    `--request-timeout` (read with `request_timeout()`, so command signatures stay as they are)."""
+    func = click.option("--request-timeout", metavar="DURATION", expose_value=False,
+                        callback=_store_request_timeout,
+                        help="give up when the Kubernetes API has not answered for this long, "
+                             "retries included (e.g. 10s, 2m) and exit 4 [default: 30s]")(func)
     func = click.option("--kubeconfig", type=click.Path(dir_okay=False),
                         help="kubeconfig file [default: $KUBECONFIG or ~/.kube/config]")(func)
     return click.option("--context", "kube_context", help="kubeconfig context to use")(func)
@@ -79,3 +90,24 @@ class OutputChoice(click.Choice):
 
         raise UsageError(f"-o {value}: not an output format here; use one of "
                          f"{', '.join(map(str, self.choices))} (lower case)")
+def _store_request_timeout(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+    if value is not None:
+        ctx.meta[_REQUEST_TIMEOUT_KEY] = parse_duration(value, "--request-timeout")
+
+
+def request_timeout() -> float | None:
+    """The `--request-timeout` of the running command in seconds (None: the default)."""
+    ctx = click.get_current_context(silent=True)
+    return None if ctx is None else ctx.meta.get(_REQUEST_TIMEOUT_KEY)
+
+
+def parse_duration(text: str, flag: str = "--timeout") -> float:
+    """90 / 90s / 30m / 2h / 1h30m -> seconds; anything else is a usage error."""
+    match = re.fullmatch(r"(?:(\d+)h)?(?:(\d+)m)?(?:(\d+(?:\.\d+)?)s?)?", text.strip(), re.ASCII)
+    if not text.strip() or not match or not any(match.groups()):
+        raise UsageError(f"{flag} {text!r} is not a duration; use e.g. 90s, 30m, 2h or 1h30m")
+    h, m, s = match.groups()
+    seconds = int(h or 0) * 3600 + int(m or 0) * 60 + float(s or 0)
+    if seconds <= 0:
+        raise UsageError(f"{flag} {text!r} must be positive")
+    return seconds

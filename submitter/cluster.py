@@ -1,4 +1,5 @@
-"""The cluster side of a job: submit (preflight + apply), status, list, logs, delete, resume.
+"""The cluster side of a job: submit (preflight, server dry run, create), status, list, logs.
+Stop, delete and resume live in `submitter.lifecycle`; whose object is what, in `submitter.ownership`.
 
 I/O at the edges: every API call goes through `submitter.kube.Kube`; what to do with the answers
 (drift detection, what to delete, what a resumed RayJob looks like) is decided by the pure
@@ -7,7 +8,6 @@ functions at the bottom, which the tests exercise directly too.
 
 from __future__ import annotations
 
-import copy
 import json
 import sys
 from dataclasses import dataclass, field
@@ -16,15 +16,13 @@ from typing import Any, Iterator, TextIO
 from submitter.contract.errors import ClusterError, Conflict, CrdMissing, Forbidden, NotFound, Preflight
 from submitter.kube import KUBERAY_INSTALL, Kube
 from submitter.observe import explain
+from submitter.ownership import not_ours, owned_objects
 from submitter.plan import Plan, to_yaml
 from submitter.contract import naming
 from submitter.render import render
 from submitter.contract.spec import JobSpec
 from submitter.state import JobState, job_state, join
 
-#: Annotations on a resumed RayJob: which attempt it is and how the previous ones ended.
-ATTEMPT_ANNOTATION = "submitter.dev/attempt"
-PREVIOUS_ANNOTATION = "submitter.dev/previous-attempts"
 JOB_LABEL = naming.JOB_LABEL
 
 
@@ -50,19 +48,26 @@ class ApplyReport:
 
 def submit_job(spec: JobSpec, *, dry_run: str = "none", watch: bool = False, output: str = "text",
                context: str | None = None, kubeconfig: str | None = None, kube: Kube | None = None,
-               out: TextIO | None = None, err: TextIO | None = None) -> int:
-    """`submitter submit` against a cluster. Returns the exit code."""
+               request_timeout: float | None = None, out: TextIO | None = None,
+               err: TextIO | None = None) -> int:
+    """`submitter submit` against a cluster. Returns the exit code.
+
+    Order: render (the storage policy), preflight reads (CRD, namespace, --existing-pvc, and
+    that no object of a derived name belongs to someone else), a server dry run of every
+    object, and only then the writes: a rejection at any step leaves nothing behind."""
     out, err = out or sys.stdout, err or sys.stderr
     plan = render(spec)  # the storage policy refuses before anything touches the cluster
     if dry_run == "client":
         _print_objects(list(plan), "json" if output == "json" else "yaml", out)
         return 0
-    kube = kube or Kube(context=context, kubeconfig=kubeconfig)
-    live = preflight(kube, spec)
+    kube = kube or Kube(context=context, kubeconfig=kubeconfig, request_timeout=request_timeout)
+    objects = owned_objects(plan, spec)
+    live = preflight(kube, spec, objects)
     n = naming.object_names(spec.name, spec.existing_pvc)
-    if live is not None:
-        refuse_drift(plan.get("RayJob") or {}, live, spec.namespace)
-    report, applied = apply(kube, plan, dry_run=dry_run == "server")
+    rayjob = live.get(f"rayjob/{spec.name}")
+    if rayjob is not None:
+        refuse_drift(plan.get("RayJob") or {}, rayjob, spec.namespace)
+    report, applied = install(kube, objects, live, dry_run_only=dry_run == "server")
     if output in ("json", "yaml"):
         _print_objects(applied, output, out, compact=watch)  # with --watch: JSON lines follow
     else:
@@ -70,7 +75,7 @@ def submit_job(spec: JobSpec, *, dry_run: str = "none", watch: bool = False, out
         for ref, what in report.done:
             out.write(f"{ref} {what}{suffix}\n")
         if dry_run != "server":
-            state = job_state(live, None, name=spec.name, namespace=spec.namespace) if live else None
+            state = job_state(rayjob, None, name=spec.name, namespace=spec.namespace) if rayjob else None
             if state is not None and state.terminal:
                 out.write(f"{spec.name} already finished ({state.state}); nothing was re-run. To "
                           f"continue from its last checkpoint: submitter resume {spec.name} -n {spec.namespace}\n")
@@ -86,8 +91,9 @@ def submit_job(spec: JobSpec, *, dry_run: str = "none", watch: bool = False, out
 
 def watch_job(kube: Kube, namespace: str, name: str, *, output: str = "text", timeout: float | None = None,
               out: TextIO | None = None, err: TextIO | None = None, stall_timeout: float | None = None) -> int:
-    """Watch to the end: 0 succeeded; JobFailed (1) failed/stopped; WatchTimeout (3); Ctrl-C 130.
-    Neither a timeout nor Ctrl-C touches the job."""
+    """Watch to the end: 0 succeeded; JobFailed (1) failed/stopped; WatchTimeout (3);
+    Unobservable (4) the API could not be asked; StallTimeout (5); Ctrl-C 130. Nothing here
+    touches the job."""
     from submitter.watch import follow, make_sink
 
     err = err or sys.stderr
@@ -96,9 +102,11 @@ def watch_job(kube: Kube, namespace: str, name: str, *, output: str = "text", ti
                        make_sink(output, out), timeout=timeout, warn=lambda text: err.write(text + "\n"),
                        stall_timeout=stall_timeout)
     except KeyboardInterrupt:
-        err.write(f"\nstopped watching; {name} keeps running (submitter delete {name} -n {namespace} "
+        err.write(f"\nstopped watching; {name} keeps running (submitter stop {name} -n {namespace} "
                   "stops it)\n")
         return 130
+    if final.state == "SUCCEEDED" and final.note:
+        err.write(f"{name}: {final.note}\n")
     return outcome(final)
 
 
@@ -107,13 +115,15 @@ def next_steps(name: str, namespace: str, pvc: str | None) -> str:
     lines = ["", "next:", f"  submitter watch {name}{ns}       # live progress; exit code = outcome",
              f"  submitter logs {name}{ns} -f      # driver output",
              f"  submitter status {name}{ns}",
+             f"  submitter stop {name}{ns}        # suspend; submitter resume continues it",
              f"  submitter delete {name}{ns}       # keeps the checkpoints"
              + (f" (PVC {pvc})" if pvc else "")]
     return "\n".join(lines) + "\n"
 
 
-def preflight(kube: Kube, spec: JobSpec) -> dict | None:
-    """Checks before any write. Returns the live RayJob of this name, if there is one."""
+def preflight(kube: Kube, spec: JobSpec, objects: list[dict] | None = None) -> dict[str, dict | None]:
+    """Checks before any write. Returns every planned object's live version (None: absent),
+    keyed `kind/name`; raises Preflight when one exists that is not this job's."""
     resources = kube.api_resources("ray.io/v1")
     if resources is None or "rayjobs" not in resources:
         raise CrdMissing(f"the RayJob CRD (rayjobs.ray.io) is not installed on {kube.host}; {KUBERAY_INSTALL}")
@@ -134,7 +144,37 @@ def preflight(kube: Kube, spec: JobSpec) -> dict | None:
             raise Preflight(f"--existing-pvc {spec.existing_pvc} is {'/'.join(modes) or 'without access modes'}, "
                             "not ReadWriteMany: the Ray head and every worker must write checkpoints "
                             "to it at once; use a ReadWriteMany PVC (NFS, EFS, Filestore, CephFS)")
-    return kube.find("RayJob", spec.namespace, spec.name)
+    if objects is None:
+        objects = owned_objects(render(spec), spec)
+    live: dict[str, dict | None] = {}
+    foreign: list[tuple[str, str, dict]] = []
+    for obj in objects:
+        ref = _ref(obj)
+        found = kube.find(obj["kind"], spec.namespace, obj["metadata"]["name"])
+        live[ref] = found
+        if found is not None:
+            why = not_ours(found, spec.namespace, spec.name)
+            if why:
+                foreign.append((ref, why, obj))
+    if foreign:
+        refuse_foreign(foreign, spec)
+    return live
+
+
+def refuse_foreign(foreign: list[tuple[str, str, dict]], spec: JobSpec) -> None:
+    """One line: which objects are someone else's, and the two ways out."""
+    refs = [ref for ref, _, _ in foreign]
+    shown = " and ".join([", ".join(refs[:-1]), refs[-1]] if len(refs) > 1 else refs)
+    verb = "exist" if len(refs) > 1 else "exists"
+    fixes = [f"use another --name (object names derive from it: {spec.name}-checkpoints, "
+             f"{spec.name}-progress)"]
+    pvc = next((obj["metadata"]["name"] for _, _, obj in foreign if obj["kind"] == "PersistentVolumeClaim"), None)
+    if pvc:
+        fixes.append(f"--existing-pvc {pvc} if you mean to train on that PVC")
+    raise Preflight(f"{shown} already {verb} in namespace {spec.namespace} and "
+                    f"{'are' if len(refs) > 1 else 'is'} not job {spec.name}'s: {foreign[0][1]}; "
+                    f"submitter never adopts or changes another's objects, nothing was changed. "
+                    f"Fix: {', or '.join(fixes)}")
 
 
 def refuse_drift(wanted: dict, live: dict, namespace: str) -> None:
@@ -168,30 +208,91 @@ def differences(wanted: Any, live: Any, path: str) -> Iterator[str]:
         yield f"{path}: {_short(live)} -> {_short(wanted)}"
 
 
-def apply(kube: Kube, plan: Plan | list[dict], *, dry_run: bool = False) -> tuple[ApplyReport, list[dict]]:
-    """Server-side apply every object in order; on failure say what was applied and what not."""
-    objects = list(plan)
+# --- writing ----------------------------------------------------------------------------------
+
+def install(kube: Kube, objects: list[dict], live: dict[str, dict | None], *,
+            dry_run_only: bool = False) -> tuple[ApplyReport, list[dict]]:
+    """Write the objects, after a server dry run of every one of them.
+
+    An absent object is created (POST: never overwrites what appeared meanwhile); one of ours
+    is server-side applied; an existing RayJob is left as it is (the caller refused a changed
+    spec; KubeRay would not re-run it anyway). The dry run goes first so an API rejection of
+    the last object (CRD schema, admission webhook, quota) leaves nothing behind."""
+    dry = ApplyReport(pending=[_ref(o) for o in objects])
+    dry_results = []
+    for obj in objects:
+        try:
+            result, what = _write(kube, obj, live.get(_ref(obj)), dry_run=True)
+        except NotFound as e:
+            if not _binds_a_planned_role(obj, objects, live):
+                raise type(e)(f"{e} (server dry run; nothing was written)") from e
+            result, what = obj, "created"  # its Role is not there yet, see below
+        except ClusterError as e:
+            raise type(e)(f"{e} (server dry run; nothing was written)") from e
+        dry.done.append((_ref(obj), what))
+        dry.pending.remove(_ref(obj))
+        dry_results.append(result)
+    if dry_run_only:
+        return dry, dry_results
     report = ApplyReport(pending=[_ref(o) for o in objects])
     applied = []
     for obj in objects:
         ref = _ref(obj)
         try:
-            before = kube.find(obj["kind"], obj["metadata"].get("namespace"), obj["metadata"]["name"])
-            result, created = kube.apply(obj, dry_run=dry_run)
+            result, what = _write(kube, obj, live.get(ref), dry_run=False)
         except ClusterError as e:
             if not report.done:
                 raise
             raise type(e)(f"{e} — {report.summary()}") from e
-        if created:
-            what = "created"
-        elif before is not None and _version(before) == _version(result):
-            what = "unchanged"
-        else:
-            what = "configured"
         report.done.append((ref, what))
         report.pending.remove(ref)
         applied.append(result)
     return report, applied
+
+
+def _binds_a_planned_role(obj: dict, objects: list[dict], live: dict[str, dict | None]) -> bool:
+    """A dry run persists nothing, so for a user without the `bind` verb (a namespace admin)
+    the API server answers a new RoleBinding's dry run with 404: it resolves the Role to check
+    for escalation, and the Role is only being created. That Role passed its own dry run."""
+    ref = obj.get("roleRef") or {}
+    return obj["kind"] == "RoleBinding" and any(
+        o["kind"] == ref.get("kind") == "Role" and o["metadata"]["name"] == ref.get("name")
+        and live.get(_ref(o)) is None for o in objects)
+
+
+def _write(kube: Kube, obj: dict, before: dict | None, *, dry_run: bool) -> tuple[dict, str]:
+    meta = obj["metadata"]
+    namespace, name = meta.get("namespace"), meta["name"]
+    if before is None:
+        try:
+            return kube.create(obj, dry_run=dry_run), "created"
+        except Conflict:
+            # 409: it appeared since preflight, or our own create landed and was retried.
+            current = kube.find(obj["kind"], namespace, name)
+            if current is None:
+                raise
+            owner = (meta.get("labels") or {}).get(JOB_LABEL, "")
+            why = not_ours(current, namespace or "", owner)
+            if why:
+                raise Conflict(f"{_ref(obj)} was created by someone else while submitting ({why}); "
+                               "nothing of theirs was changed") from None
+            if obj["kind"] == "RayJob":
+                refuse_drift(obj, current, namespace or "")
+            return current, "unchanged"
+    if obj["kind"] == "RayJob":
+        return before, "unchanged"
+    result, created = kube.apply(obj, dry_run=dry_run)
+    if created:
+        return result, "created"
+    return result, "unchanged" if _version(before) == _version(result) else "configured"
+
+
+def apply(kube: Kube, plan: Plan | list[dict], *, dry_run: bool = False) -> tuple[ApplyReport, list[dict]]:
+    """Install objects without the ownership preflight (tests and tools that made them)."""
+    objects = list(plan)
+    live = {_ref(o): kube.find(o["kind"], o["metadata"].get("namespace"), o["metadata"]["name"])
+            for o in objects}
+    return install(kube, objects, live, dry_run_only=dry_run)
 
 
 # --- status / list / logs -------------------------------------------------------------------------
@@ -237,135 +338,6 @@ def logs(kube: Kube, namespace: str, name: str, *, follow: bool, out: TextIO) ->
         out.write(line + "\n")
         out.flush()
     return 0
-
-
-# --- delete -----------------------------------------------------------------------------------
-
-def delete_job(kube: Kube, namespace: str, name: str, *, delete_pvc: str | None = None,
-               out: TextIO) -> int:
-    """Delete the RayJob and its RBAC/ConfigMap. The PVC only when named, and only ours."""
-    n = job_names(name, namespace)
-    rayjob = kube.find("RayJob", namespace, name)
-    pvc_name = claim_name(rayjob) if rayjob else None
-    if delete_pvc is not None:
-        pvc = kube.find("PersistentVolumeClaim", namespace, delete_pvc)
-        check_pvc_deletable(pvc, delete_pvc, name, namespace)
-    targets = [("RayJob", name), ("NetworkPolicy", name), ("RoleBinding", n["progress"]),
-               ("Role", n["progress"]),
-               ("ServiceAccount", n["progress"]), ("ConfigMap", n["progress"])]
-    if delete_pvc is not None:
-        targets.append(("PersistentVolumeClaim", delete_pvc))
-    deleted = [f"{kind.lower()}/{obj}" for kind, obj in targets if kube.delete(kind, namespace, obj)]
-    if not deleted:
-        raise NotFound(f"nothing to delete: no RayJob {name} or its objects in namespace {namespace}")
-    out.write("deleted " + ", ".join(deleted) + "\n")
-    kept = pvc_name or n["pvc"]
-    if delete_pvc is None and kube.find("PersistentVolumeClaim", namespace, kept) is not None:
-        out.write(f"kept persistentvolumeclaim/{kept} (checkpoints); to delete it too: "
-                  f"submitter delete {name} -n {namespace} --delete-pvc {kept}\n")
-    return 0
-
-
-def check_pvc_deletable(pvc: dict | None, pvc_name: str, job: str, namespace: str) -> None:
-    if pvc is None:
-        raise Preflight(f"--delete-pvc {pvc_name}: no such PVC in namespace {namespace}; nothing deleted")
-    owner = ((pvc.get("metadata") or {}).get("labels") or {}).get(JOB_LABEL)
-    if owner != job:
-        raise Preflight(f"--delete-pvc {pvc_name}: that PVC was not created by submitter for job {job} "
-                        f"(label {JOB_LABEL}={owner or 'absent'}); nothing deleted. Delete it with kubectl "
-                        "if you really mean to")
-
-
-def claim_name(rayjob: dict) -> str | None:
-    """The checkpoint PVC a RayJob mounts (from its head pod template)."""
-    spec = ((rayjob.get("spec") or {}).get("rayClusterSpec") or {}).get("headGroupSpec") or {}
-    for volume in ((spec.get("template") or {}).get("spec") or {}).get("volumes") or []:
-        claim = volume.get("persistentVolumeClaim")
-        if claim:
-            return claim.get("claimName")
-    return None
-
-
-# --- resume -----------------------------------------------------------------------------------
-
-def resume_job(kube: Kube, namespace: str, name: str, *, out: TextIO, wait_seconds: float = 120) -> int:
-    """A new attempt of a finished RayJob: same name, spec, run name and storage.
-
-    KubeRay never re-runs a finished RayJob, and the new attempt needs the name (the Ray Train
-    run name and checkpoint directory derive from it), so the old object must go first: it is
-    deleted in the foreground (its RayCluster and submitter Job go with it), we wait until it is
-    gone, then apply the same spec with an attempt counter and the old outcome in annotations.
-    The PVC and the progress ConfigMap are not touched: Ray Train resumes from the last
-    checkpoint on the PVC, and progress continues where it was.
-    """
-    old = kube.find("RayJob", namespace, name)
-    if old is None:
-        raise NotFound(f"no RayJob {name} in namespace {namespace} to resume; submit it again with the "
-                       "same --name and storage settings: training continues from its last checkpoint")
-    state = job_state(old, None, name=name, namespace=namespace)
-    if not state.terminal:
-        raise Conflict(f"{name} is {state.state}, not finished; resume is for a FAILED or STOPPED job. "
-                       f"Watch it (submitter watch {name} -n {namespace}) or stop it first "
-                       f"(submitter delete {name} -n {namespace})")
-    if state.state == "SUCCEEDED":
-        raise Conflict(f"{name} SUCCEEDED; there is nothing to resume. To train further, submit a new "
-                       f"job (e.g. more --epochs) with another --name and the same storage")
-    new = resumed_rayjob(old)
-    kube.delete("RayJob", namespace, name, uid=old["metadata"].get("uid"), propagation="Foreground")
-    wait_deleted(kube, namespace, name, wait_seconds)
-    kube.apply(new)
-    attempt = new["metadata"]["annotations"][ATTEMPT_ANNOTATION]
-    out.write(f"rayjob/{name} resumed as attempt {attempt} (previous: {state.state}); the run "
-              f"continues from its last checkpoint\n")
-    out.write(next_steps(name, namespace, claim_name(new)))
-    return 0
-
-
-def resumed_rayjob(old: dict) -> dict:
-    """The next attempt of a finished RayJob (pure): same spec; status and server fields dropped."""
-    meta = old["metadata"]
-    annotations = dict(meta.get("annotations") or {})
-    attempt = int(annotations.get(ATTEMPT_ANNOTATION, "1")) + 1
-    status = old.get("status") or {}
-    previous = json.loads(annotations.get(PREVIOUS_ANNOTATION, "[]"))
-    previous.append({k: status.get(k) for k in ("jobStatus", "jobDeploymentStatus", "reason", "endTime")
-                     if status.get(k)})
-    annotations[ATTEMPT_ANNOTATION] = str(attempt)
-    annotations[PREVIOUS_ANNOTATION] = json.dumps(previous, separators=(",", ":"))
-    spec = copy.deepcopy(old.get("spec") or {})
-    spec.pop("jobId", None)  # a fixed submission id would collide with the previous attempt's
-    spec["suspend"] = False
-    return {"apiVersion": old.get("apiVersion", "ray.io/v1"), "kind": "RayJob",
-            "metadata": {"name": meta["name"], "namespace": meta["namespace"],
-                         "labels": dict(meta.get("labels") or {}), "annotations": annotations},
-            "spec": spec}
-
-
-def wait_deleted(kube: Kube, namespace: str, name: str, seconds: float) -> None:
-    """Block until the RayJob is gone (watch, not polling)."""
-    import queue as _queue
-
-    from submitter.watch import Follower
-
-    current = kube.find("RayJob", namespace, name)
-    if current is None:
-        return
-    events: "_queue.Queue[tuple[str, Any]]" = _queue.Queue()
-    follower = Follower(kube, "RayJob", namespace, name, current["metadata"].get("resourceVersion"), events)
-    follower.start()
-    try:
-        while True:
-            try:
-                source, event = events.get(timeout=seconds)
-            except _queue.Empty:
-                raise ClusterError(f"rayjob/{name} was not deleted within {seconds:g}s (finalizers?); "
-                                   "nothing new was created; run resume again once it is gone") from None
-            if source == "error":
-                raise event
-            if event.get("type") == "DELETED":
-                return
-    finally:
-        follower.stop()
 
 
 # --- helpers ----------------------------------------------------------------------------------

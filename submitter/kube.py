@@ -6,11 +6,14 @@ patch methods return `None` when an apply creates the object (201 is not in thei
 map). The official client still does the work that matters: kubeconfig/in-cluster loading,
 auth, TLS, URL building, and retries.
 
-Retries: transient failures (429, 5xx, connection resets) of idempotent requests are retried
-by urllib3's `Retry` on the client's pool manager (`Configuration.retries`, set once here), with
-exponential backoff and `Retry-After` honoured. Idempotent means GET/DELETE and our PATCHes:
-server-side apply and JSON merge patches give the same result when sent twice. POST is never
-retried. Every other `ApiException` becomes one of the project's errors, `raise ... from e`.
+Retries and deadlines: transient failures (429, 5xx, connection resets) are retried by
+`Kube.request` itself with exponential backoff and `Retry-After` honoured, inside one deadline
+per command (`--request-timeout`, 30 s): every attempt's timeouts are cut to what is left, so a
+hung API server costs at most that long (urllib3's own `Retry` would multiply a 60 s read
+timeout by six). GET/DELETE and our PATCHes are idempotent; a POST sent twice answers 409,
+which every caller of `create` resolves by reading the object back and checking it is ours.
+Every `ApiException` becomes one of the project's errors (`raise ... from e`); a 200 with a
+body that is not JSON (an auth proxy's HTML page) becomes `BadResponse`, one line.
 
 `kubernetes` is imported inside functions only: `submitter --help` must not pay for it.
 """
@@ -19,18 +22,23 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from dataclasses import dataclass
 from typing import Any, Iterator
 from urllib.parse import quote
 
 from submitter.contract.errors import (
-    ApiUnavailable, ClusterError, Conflict, CrdMissing, Forbidden, NotFound, UsageError,
+    ApiDeadline, ApiUnavailable, BadResponse, ClusterError, Conflict, CrdMissing, Forbidden, NotFound,
+    Unauthorized, UsageError,
 )
 
 FIELD_MANAGER = "submitter"
 RETRY_STATUSES = (429, 500, 502, 503, 504)
-#: Methods urllib3 may resend. PATCH is listed because we only send apply and merge patches.
-RETRY_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "DELETE", "PUT", "PATCH"})
+#: The default deadline of a command's API work (`--request-timeout`): a hung or unreachable
+#: API costs at most this long. kubectl's flag of the same name bounds one request; ours bounds
+#: the request with all its retries.
+REQUEST_TIMEOUT = 30.0
+CONNECT_TIMEOUT = 10.0
 #: Watches end server-side after this long (the client then reconnects from its resourceVersion).
 WATCH_SECONDS = 300
 KUBERAY_INSTALL = ("install the KubeRay operator first: helm repo add kuberay "
@@ -76,6 +84,7 @@ KINDS: dict[str, Kind] = {
     "RoleBinding": Kind("rbac.authorization.k8s.io", "v1", "rolebindings"),
     "NetworkPolicy": Kind("networking.k8s.io", "v1", "networkpolicies"),
     "Pod": Kind("", "v1", "pods"),
+    "Secret": Kind("", "v1", "secrets"),
     "Namespace": Kind("", "v1", "namespaces", namespaced=False),
     "RayCluster": Kind("ray.io", "v1", "rayclusters"),
     "Event": Kind("", "v1", "events"),
@@ -90,22 +99,24 @@ class StreamDropped(ClusterError):
     """A watch or log stream ended without a clean close (connection reset, proxy timeout)."""
 
 
-def retry_policy() -> Any:
-    """The urllib3 retry policy for the client's pool manager (tunable by environment for tests)."""
-    from urllib3.util.retry import Retry
+class _Retry(Exception):
+    """Internal: an attempt failed in a way another attempt may fix (429, 5xx, connection)."""
 
-    return Retry(total=int(os.environ.get("SUBMITTER_API_RETRIES", "5")), other=0,
-                 backoff_factor=float(os.environ.get("SUBMITTER_API_BACKOFF", "0.5")), backoff_max=10,
-                 status_forcelist=RETRY_STATUSES, allowed_methods=RETRY_METHODS,
-                 respect_retry_after_header=True, raise_on_status=False)
+    def __init__(self, error: ClusterError, after: float | None) -> None:
+        super().__init__(str(error))
+        self.error, self.after = error, after
 
 
 class Kube:
     """A lazily built API client plus the handful of operations the project needs."""
 
     def __init__(self, *, context: str | None = None, kubeconfig: str | None = None,
-                 api_client: Any = None) -> None:
+                 api_client: Any = None, request_timeout: float | None = None) -> None:
         self._context, self._kubeconfig, self._api = context, kubeconfig, api_client
+        #: Seconds this command's API work may take while the API does not answer (see `request`).
+        self.request_timeout = request_timeout if request_timeout is not None else \
+            float(os.environ.get("SUBMITTER_REQUEST_TIMEOUT", REQUEST_TIMEOUT))
+        self._deadline: float | None = None
 
     # --- the client --------------------------------------------------------------------------
     @property
@@ -138,7 +149,7 @@ class Kube:
             ctx = f" (context {self._context!r})" if self._context else ""
             raise UsageError(f"cannot load {where}{ctx}: {str(e).splitlines()[0]}; pass "
                              "--kubeconfig/--context, or run inside a pod") from e
-        configuration.retries = retry_policy()
+        configuration.retries = False  # `request` retries itself, within the deadline
         return client.ApiClient(configuration)
 
     @property
@@ -146,12 +157,60 @@ class Kube:
         return self.api.configuration.host
 
     # --- one request ---------------------------------------------------------------------------
+    def renew(self) -> None:
+        """Start a fresh deadline: the API answered (any response but 429/5xx), or a watch
+        event arrived. The deadline is how long the API may stay silent, not a command's age:
+        a long watch or a slow wait is fine, a hung or failing API costs at most that long."""
+        self._deadline = None
+
+    def remaining(self) -> float:
+        """Seconds left before giving up on an API that does not answer."""
+        if self._deadline is None:
+            self._deadline = time.monotonic() + self.request_timeout
+        return self._deadline - time.monotonic()
+
     def request(self, method: str, path: str, *, query: dict[str, Any] | None = None,
                 body: Any = None, content_type: str | None = None, stream: bool = False,
-                timeout: Any = (10, 60), what: tuple[str, Kind | None, str | None, str | None] | None = None) -> Any:
-        """Send one request; return the decoded JSON (or the raw response when `stream`).
+                stream_timeout: float | None = None,
+                what: tuple[str, Kind | None, str | None, str | None] | None = None) -> Any:
+        """Send one request, retried on 429/5xx and connection errors with backoff (Retry-After
+        honoured); return the decoded JSON (or the raw response when `stream`).
 
+        Every attempt's timeouts are cut to what is left of the command's deadline
+        (`request_timeout`), so a hung API server costs at most that long, never retries x
+        timeouts. A stream's body may then be quiet for `stream_timeout` (None: forever).
+        POST is retried too: a create that did land answers 409 the second time, and every
+        caller of `create` treats 409 by reading the object back and checking it is ours.
         `what` = (verb, kind, namespace, name) makes error messages precise."""
+        what = what or (method.lower(), None, None, None)
+        retries = int(os.environ.get("SUBMITTER_API_RETRIES", "5"))
+        backoff = float(os.environ.get("SUBMITTER_API_BACKOFF", "0.5"))
+        attempt = 0
+        while True:
+            left = self.remaining()
+            if left <= 0:
+                raise self._deadline_error(what)
+            try:
+                return self._send(method, path, query, body, content_type, stream, stream_timeout,
+                                  (min(CONNECT_TIMEOUT, left), left), what)
+            except _Retry as retry:
+                attempt += 1
+                wait = retry.after if retry.after is not None else min(backoff * 2 ** (attempt - 1), 10.0)
+                if attempt > retries or wait >= self.remaining():  # out of attempts or of time
+                    raise retry.error from retry.error.__cause__
+                time.sleep(wait)
+
+    def _deadline_error(self, what: tuple[str, Kind | None, str | None, str | None]) -> ApiDeadline:
+        verb, kind, namespace, name = what
+        ref = "/".join(x for x in (kind.plural if kind else None, name) if x) or "the API"
+        target = f" ({verb} {ref})"
+        return ApiDeadline(f"no answer from the Kubernetes API at {self.host} within "
+                           f"{self.request_timeout:g}s{target}; the server or a proxy in front of it "
+                           "hangs. Try again later, or allow more time with --request-timeout")
+
+    def _send(self, method: str, path: str, query: dict[str, Any] | None, body: Any,
+              content_type: str | None, stream: bool, stream_timeout: float | None,
+              timeout: tuple[float, float], what: tuple[str, Kind | None, str | None, str | None]) -> Any:
         import urllib3
         from kubernetes.client.exceptions import ApiException
 
@@ -166,16 +225,43 @@ class Kube:
             response = self.api.call_api(method, url, header_params=headers, body=body,
                                          _request_timeout=timeout)
             if not 200 <= response.status <= 299:
-                raise ApiException(http_resp=response.response if stream else _read(response))
+                api_error = ApiException(http_resp=_read(response))
+                error = translate(api_error, what, self.host)
+                error.__cause__ = api_error
+                if response.status in RETRY_STATUSES:
+                    raise _Retry(error, _retry_after(response.response))
+                self.renew()  # a definite answer: the API is alive
+                raise error
+            self.renew()
             if stream:
-                return response.response
+                raw = response.response
+                _stream_timeout(raw, stream_timeout)
+                if what[0] == "watch" and "json" not in (raw.headers.get("Content-Type") or "json"):
+                    raise self._not_json(raw.status, raw.headers.get("Content-Type"), raw.read(200), what)
+                return raw
             data = response.read()
-            return json.loads(data) if data else None
-        except ApiException as e:
-            raise translate(e, what or (method.lower(), None, None, None), self.host) from e
+            if not data:
+                return None
+            try:
+                return json.loads(data)
+            except (ValueError, RecursionError):
+                raise self._not_json(response.status, response.getheader("Content-Type"), data, what) from None
+        except urllib3.exceptions.ReadTimeoutError as e:
+            raise self._deadline_error(what) from e
         except (urllib3.exceptions.HTTPError, OSError) as e:
-            raise ApiUnavailable(f"cannot reach the Kubernetes API at {self.host}: "
-                                 f"{_reason(e)}; check the cluster and your kubeconfig") from e
+            raise _Retry(ApiUnavailable(f"cannot reach the Kubernetes API at {self.host}: "
+                                        f"{_reason(e)}; check the cluster and your kubeconfig"), None) from e
+
+    def _not_json(self, status: int, content_type: str | None, data: bytes,
+                  what: tuple[str, Kind | None, str | None, str | None]) -> BadResponse:
+        text = data[:200].decode("utf-8", "replace")
+        start = " ".join(text.split())[:60]
+        kind = "HTML" if "<html" in text.lower() or "html" in (content_type or "") else "a body"
+        return BadResponse(f"the API server at {self.host} answered {status} with {kind} that is not "
+                           f"Kubernetes JSON ({content_type or 'no content type'}: {start!r}) to "
+                           f"{what[0]} {what[1].plural if what[1] else 'the API'}; an authenticating "
+                           "proxy or a wrong server URL in the kubeconfig? Log in again or check "
+                           "`kubectl cluster-info`")
 
     # --- operations ------------------------------------------------------------------------------
     def get(self, kind: str, namespace: str | None, name: str) -> dict:
@@ -198,8 +284,17 @@ class Kube:
         return self.request("GET", k.path(namespace), query={"labelSelector": selector},
                             what=("list", k, namespace, None))
 
+    def create(self, obj: dict, *, dry_run: bool = False) -> dict:
+        """POST: create, never overwrite. 409 (Conflict) when the name is taken."""
+        k = KINDS[obj["kind"]]
+        meta = obj["metadata"]
+        return self.request("POST", k.path(meta.get("namespace")),
+                            query={"fieldManager": FIELD_MANAGER, "dryRun": "All" if dry_run else None},
+                            body=obj, what=("create", k, meta.get("namespace"), meta.get("name")))
+
     def apply(self, obj: dict, *, dry_run: bool = False) -> tuple[dict, bool]:
-        """Server-side apply (field manager `submitter`, force). Returns (object, created)."""
+        """Server-side apply (field manager `submitter`, force) of an object we own (callers
+        check ownership first). Returns (object, created)."""
         k = KINDS[obj["kind"]]
         meta = obj["metadata"]
         # An apply that creates answers 201; the response tells us which happened.
@@ -207,11 +302,27 @@ class Kube:
             "PATCH", k.path(meta.get("namespace"), meta["name"]),
             query={"fieldManager": FIELD_MANAGER, "force": "true", "dryRun": "All" if dry_run else None},
             body=obj, content_type="application/apply-patch+yaml", stream=True,
-            what=("patch", k, meta.get("namespace"), meta["name"]))
+            stream_timeout=max(1.0, self.remaining()), what=("patch", k, meta.get("namespace"), meta["name"]))
         try:
-            return json.loads(response.data), response.status == 201
+            data = response.data
+            try:
+                return json.loads(data), response.status == 201
+            except (ValueError, RecursionError):
+                raise self._not_json(response.status, response.headers.get("Content-Type"), data,
+                                     ("patch", k, meta.get("namespace"), meta["name"])) from None
         finally:
             response.release_conn()
+
+    def patch(self, kind: str, namespace: str | None, name: str, patch: dict, *,
+              uid: str | None = None, dry_run: bool = False) -> dict:
+        """JSON merge patch (e.g. `spec.suspend`); with `uid`, only that incarnation is changed."""
+        k = KINDS[kind]
+        if uid:
+            patch = {**patch, "metadata": {**(patch.get("metadata") or {}), "uid": uid}}
+        return self.request("PATCH", k.path(namespace, name), body=patch,
+                            query={"fieldManager": FIELD_MANAGER, "dryRun": "All" if dry_run else None},
+                            content_type="application/merge-patch+json",
+                            what=("patch", k, namespace, name))
 
     def delete(self, kind: str, namespace: str | None, name: str, *, uid: str | None = None,
                propagation: str = "Background") -> bool:
@@ -269,14 +380,14 @@ class Kube:
                    "labelSelector": labels,
                    "resourceVersion": resource_version, "allowWatchBookmarks": "true",
                    "timeoutSeconds": str(WATCH_SECONDS)},
-            stream=True, timeout=(10, WATCH_SECONDS + 30), what=("watch", k, namespace, name))
+            stream=True, stream_timeout=WATCH_SECONDS + 30, what=("watch", k, namespace, name))
         return WatchStream(response, self.host, (kind, namespace, name or labels or ""))
 
     def log_lines(self, namespace: str, pod: str, *, follow: bool) -> Iterator[str]:
         k = KINDS["Pod"]
         response = self.request("GET", k.path(namespace, pod, "log"),
                                 query={"follow": "true" if follow else None}, stream=True,
-                                timeout=(10, None) if follow else (10, 120),
+                                stream_timeout=None if follow else 120,
                                 what=("get", Kind("", "v1", "pods/log"), namespace, pod))
         from kubernetes.watch.watch import iter_resp_lines
 
@@ -305,10 +416,12 @@ class WatchStream:
                     status = event.get("object") or {}
                     if status.get("code") == 410:
                         raise Expired(status.get("message", "resource version too old"))
-                    raise ClusterError(f"watching {self._what[0]} {self._what[2]}: "
-                                       f"{status.get('message', status)}")
+                    # Any other ERROR ends this stream, not the watch: reopen from the last
+                    # resourceVersion, as after a dropped connection.
+                    raise StreamDropped(f"watch of {self._what[0]} {self._what[2]} got an ERROR event: "
+                                        f"{_short_text(status.get('message') or status)}")
                 yield event
-        except (urllib3.exceptions.HTTPError, OSError, ValueError) as e:
+        except (urllib3.exceptions.HTTPError, OSError, ValueError, RecursionError) as e:
             raise StreamDropped(f"watch stream from {self._host} dropped: {_reason(e)}") from e
         finally:
             self._response.release_conn()
@@ -332,8 +445,8 @@ def translate(e: Any, what: tuple[str, Kind | None, str | None, str | None], hos
     target = f"{kind.plural if kind else 'object'}/{name}" if name else resource
     where = f" in namespace {namespace}" if namespace else ""
     if status == 401:
-        return Forbidden(f"the API server at {host} rejected the credentials (401); refresh your "
-                         "kubeconfig login")
+        return Unauthorized(f"the API server at {host} rejected the credentials (401); refresh your "
+                            "kubeconfig login")
     if status == 403:
         return Forbidden(f"forbidden: you may not {verb} {resource}{where} ({server}); ask an "
                          f"admin for a Role granting verb '{verb}' on '{resource}'")
@@ -360,6 +473,28 @@ def _body(e: Any) -> dict:
     except (TypeError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}
+
+
+def _retry_after(response: Any) -> float | None:
+    """Retry-After in seconds (the API server sends seconds; dates are treated as absent)."""
+    try:
+        value = float(response.headers.get("Retry-After"))
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, min(value, 60.0))
+
+
+def _stream_timeout(response: Any, seconds: float | None) -> None:
+    """The headers came within the deadline; the body of a watch or `logs -f` may be quiet for
+    longer, so widen the socket's read timeout for it."""
+    sock = getattr(getattr(response, "connection", None), "sock", None)
+    if sock is not None:
+        sock.settimeout(seconds)
+
+
+def _short_text(value: Any) -> str:
+    text = " ".join(str(value).split())
+    return text if len(text) <= 200 else text[:197] + "..."
 
 
 def _read(response: Any) -> Any:

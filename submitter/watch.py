@@ -19,20 +19,31 @@ Why it is built this way:
 - Stalls: no training progress for max(5 min, 10x the run's median progress interval) while
   RUNNING adds a warning to the state; `--stall-timeout` exits 5 (WatchStalled) after that long
   without progress or a state change.
+- "Could not observe" is not "failed": a watch ERROR event is a dropped stream (reopened);
+  an API that stays unreachable, rejects the credentials (401) or does not answer within
+  `--request-timeout` raises `Unobservable` (exit 4). The deadline is renewed whenever the API
+  answers, so a long quiet watch is fine and a hung server costs at most that long.
+- A job suspended by `submitter stop` is stopped (exit 1); one suspended by Kueue is waiting
+  in a queue, and the watch waits with it.
+- A RayJob deleted after it ended (KubeRay's `ttlSecondsAfterFinished` / deletion policy) is
+  reported by how it ended: gone after success is success (exit 0), said so in a note.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import queue
 import sys
 import threading
 import time
+from dataclasses import replace
 from typing import Any, Callable, Protocol, TextIO
 
-from submitter.contract.errors import ApiUnavailable, Forbidden, WatchStalled, WatchTimeout
+from submitter.contract.errors import ApiUnavailable, Forbidden, NotFound, WatchStalled, WatchTimeout
 from submitter.kube import Expired, Kube, StreamDropped
+from submitter.ownership import stopped_by_us
 from submitter.state import (
     JobState, cadence, configmap_events, duration, job_state, parse_time, stall_warning, utcnow,
 )
@@ -60,12 +71,14 @@ class Follower(threading.Thread):
         drops = 0
         while not self._stop.is_set():
             try:
+                self.kube.renew()  # each reopen gets the whole deadline
                 self._stream = self.kube.watch(self.kind, self.namespace, self.obj_name,
                                                resource_version=self.resource_version, labels=self.labels)
                 if self._stop.is_set():
                     break
                 for event in self._stream:
                     drops = 0
+                    self.kube.renew()
                     version = ((event.get("object") or {}).get("metadata") or {}).get("resourceVersion")
                     if version:
                         self.resource_version = version
@@ -79,7 +92,7 @@ class Follower(threading.Thread):
                 if drops >= MAX_DROPS:
                     self.out.put(("error", ApiUnavailable(f"{e} ({drops} times in a row)")))
                     return
-                self._stop.wait(min(0.1 * 2 ** drops, 5.0))
+                self._stop.wait(min(_backoff() * 2 ** drops, 5.0))
             except Forbidden as e:
                 if not self._stop.is_set():
                     self.out.put(("warning" if self.optional else "error", e))
@@ -93,6 +106,11 @@ class Follower(threading.Thread):
         self._stop.set()
         if self._stream is not None:
             self._stream.close()
+
+
+def _backoff() -> float:
+    """The first reconnect delay: a fifth of the API retry backoff (tests shorten both)."""
+    return float(os.environ.get("SUBMITTER_API_BACKOFF", "0.5")) / 5
 
 
 class Sink(Protocol):
@@ -114,13 +132,24 @@ def follow(kube: Kube, namespace: str, name: str, progress_name: str, sink: Sink
     from submitter.observe import STARTING_STATES, Observer, pod_selector
 
     deadline = None if timeout is None else clock() + timeout
-    rayjob = kube.get("RayJob", namespace, name)
-    configmap: dict[str, Any] | None = None
     dedupe = _Dedupe(sink)
+    kube.renew()  # after `submit --watch` or `resume --watch`: the watch gets a whole deadline
+    try:
+        rayjob = kube.get("RayJob", namespace, name)
+    except NotFound:
+        gone = _gone_after_success(kube, namespace, name, progress_name, dedupe)
+        if gone is None:
+            raise
+        sink.done(gone)
+        return gone
+    configmap: dict[str, Any] | None = None
     state = job_state(rayjob, None, name=name, namespace=namespace)
-    if state.terminal:  # nothing to wait for: show the final progress too
+    stopped = state.state == "SUSPENDED" and stopped_by_us(rayjob)
+    if state.terminal or stopped:  # nothing to wait for: show the final progress too
         configmap = kube.find("ConfigMap", namespace, progress_name)
         state = dedupe.update(rayjob, configmap, name, namespace)
+        if stopped:
+            state = replace(state, note=STOPPED_NOTE.format(name=name, namespace=namespace))
         sink.done(state)
         return state
     observer = Observer(kube, namespace, name, clock=clock)
@@ -172,8 +201,17 @@ def follow(kube: Kube, namespace: str, name: str, progress_name: str, sink: Sink
                 warn(f"warning: no {what}: {event}")
                 continue
             obj = event.get("object")
+            if source == "RayJob" and event["type"] == "DELETED":
+                # its last status says how it ended (deleted after the end), or it had not
+                ended = job_state(obj, configmap, name=name, namespace=namespace).terminal
+                state = _final_progress(kube, events, dedupe, obj if ended else None, configmap,
+                                        progress_name)
+                if ended:
+                    state = replace(state, note=DELETED_AFTER_END)
+                sink.done(state)
+                return state
             if source == "RayJob":
-                rayjob = None if event["type"] == "DELETED" else obj
+                rayjob = obj
             elif source == "Pod":
                 pod_name = ((obj or {}).get("metadata") or {}).get("name", "")
                 if event["type"] == "DELETED":
@@ -189,6 +227,10 @@ def follow(kube: Kube, namespace: str, name: str, progress_name: str, sink: Sink
             diagnosis = dedupe.diagnosis if source == "ConfigMap" else observer.diagnosis(list(pods.values()), base)
             state = dedupe.update(rayjob, configmap, name, namespace, diagnosis=diagnosis,
                                   stalled=stall.warning(base))
+            if state.state == "SUSPENDED" and stopped_by_us(rayjob):
+                state = replace(state, note=STOPPED_NOTE.format(name=name, namespace=namespace))
+                sink.done(state)
+                return state  # exit 1: stopped; a Kueue-held suspend is waited out instead
             if state.terminal:
                 state = _final_progress(kube, events, dedupe, rayjob, configmap, progress_name)
                 sink.done(state)
@@ -237,6 +279,25 @@ class _Stall:
 
     def expired(self, now: float) -> bool:
         return self.limit is not None and now - self.last_change > self.limit
+STOPPED_NOTE = "stopped with submitter stop; submitter resume {name} -n {namespace} continues it"
+DELETED_AFTER_END = ("the RayJob was deleted after it ended (KubeRay's ttlSecondsAfterFinished / "
+                     "deletion policy); the checkpoints and progress are kept")
+
+
+def _gone_after_success(kube: Kube, namespace: str, name: str, progress_name: str,
+                        dedupe: "_Dedupe") -> JobState | None:
+    """No RayJob: if training reported its end in the progress ConfigMap (which outlives the
+    RayJob), the job finished and KubeRay cleaned it up: that is a success, not "not found"."""
+    try:
+        configmap = kube.find("ConfigMap", namespace, progress_name)
+    except Forbidden:
+        return None
+    state = job_state(None, configmap, name=name, namespace=namespace)
+    if state.progress.status != "finished":
+        return None
+    dedupe.update(None, configmap, name, namespace)
+    return replace(state, state="SUCCEEDED", note=f"no RayJob {name} any more, but training "
+                   f"reported its end: {DELETED_AFTER_END}")
 
 
 def _final_progress(kube: Kube, events: "queue.Queue[tuple[str, Any]]", dedupe: "_Dedupe",
@@ -255,6 +316,7 @@ def _final_progress(kube: Kube, events: "queue.Queue[tuple[str, Any]]", dedupe: 
     if state.progress.status in ("finished", "failed"):
         return state
     try:
+        kube.renew()
         configmap = kube.find("ConfigMap", dedupe.namespace, progress_name) or configmap
     except Forbidden:
         return state
@@ -330,7 +392,7 @@ class JsonLines:
 
     def done(self, state: JobState) -> None:
         self._write({"kind": "result", "job": state.name, "state": state.state,
-                     "exitCode": state.exit_code})
+                     "exitCode": state.exit_code, **({"note": state.note} if state.note else {})})
 
 
 class TextLines:

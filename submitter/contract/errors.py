@@ -48,8 +48,29 @@ class Forbidden(ClusterError):
     """RBAC denies a verb on a resource (HTTP 403)."""
 
 
-class ApiUnavailable(ClusterError):
+class Unobservable(ClusterError):
+    """The API could not be asked about the job: unreachable, credentials rejected (401), or no
+    answer within the deadline (`--request-timeout`). Nothing is known about the job, so this is
+    not "the job failed" (1): scripts and CI can tell the two apart by exit code 4."""
+
+    exit_code = 4
+
+
+class ApiUnavailable(Unobservable):
     """The API server cannot be reached or keeps failing (5xx, 429, connection errors)."""
+
+
+class Unauthorized(Unobservable):
+    """The API server rejected the credentials (HTTP 401): an expired login, a revoked token."""
+
+
+class ApiDeadline(Unobservable):
+    """No answer within the command's deadline: a hung API server or a proxy that holds requests."""
+
+
+class BadResponse(ClusterError):
+    """The API answered something that is not a Kubernetes JSON response (an auth proxy's HTML
+    login page with status 200, a truncated body)."""
 
 
 class CrdMissing(ClusterError):

@@ -7,6 +7,7 @@ import json
 import yaml
 
 from submitter.cli import main
+from submitter.contract import naming
 from submitter.contract.spec import JobSpec
 from tests.support.fake_operator import FakeOperator
 from tests.support.kube_emulator import RAYJOBS
@@ -132,6 +133,7 @@ def test_delete_keeps_an_existing_pvc_and_names_it(api, kubeconfig, runner):
     submitted(runner, kubeconfig, api, "gpt2-demo", "--existing-pvc", "shared")
     result = cli(runner, kubeconfig, "delete", "gpt2-demo")
     assert result.exit_code == 0 and "kept persistentvolumeclaim/shared" in result.stdout
+    assert "not this job's PVC" in result.stdout and "--delete-pvc shared" not in result.stdout
     assert api.emulator.get(PVCS, "default", "shared") is not None
 
 
@@ -159,8 +161,16 @@ def test_resume_replaces_a_failed_rayjob_with_the_next_attempt(api, kubeconfig, 
         {"jobStatus": "FAILED", "jobDeploymentStatus": "Failed", "reason": "AppFailed"}]
     deletes = [(p, q) for m, p, q in api.emulator.log if m == "DELETE"]
     assert deletes == [("/apis/ray.io/v1/namespaces/default/rayjobs/gpt2-demo", {})]
-    assert api.emulator.get(PVCS, "default", "gpt2-demo-checkpoints") == pvc_before
-    assert api.emulator.get("v1/configmaps", "default", "gpt2-demo-progress") == cm_before
+    # the PVC and ConfigMap keep everything; they gained the saved settings of the new attempt
+    for gvr, name, before in ((PVCS, "gpt2-demo-checkpoints", pvc_before),
+                              ("v1/configmaps", "gpt2-demo-progress", cm_before)):
+        after = api.emulator.get(gvr, "default", name)
+        assert after["metadata"]["uid"] == before["metadata"]["uid"]
+        assert {k: v for k, v in after.items() if k != "metadata"} == {k: v for k, v in before.items() if k != "metadata"}
+        saved = after["metadata"]["annotations"]
+        assert saved[naming.JOB_DOCUMENT_ANNOTATION] == job.document() and saved["submitter.dev/attempt"] == "2"
+    dry = [(m, q) for m, p, q in api.emulator.log if m == "POST" and "rayjobs" in p]
+    assert dry[-2:] == [("POST", {"fieldManager": "submitter", "dryRun": "All"}), ("POST", {"fieldManager": "submitter"})]
     assert "resumed as attempt 2" in result.stdout
     FakeOperator(api.emulator, "gpt2-demo").stop()
     third = cli(runner, kubeconfig, "resume", "gpt2-demo")
@@ -206,9 +216,9 @@ def test_forbidden_list_names_verb_and_resource(api, kubeconfig, runner):
 
 
 def test_every_cluster_command_has_namespace_context_kubeconfig_and_examples(runner):
-    for command in ("watch", "status", "list", "logs", "delete", "resume"):
+    for command in ("watch", "status", "list", "logs", "stop", "delete", "resume"):
         text = runner.invoke(main, [command, "--help"]).output
-        for flag in ("-n, --namespace", "--context", "--kubeconfig", "Examples:"):
+        for flag in ("-n, --namespace", "--context", "--kubeconfig", "--request-timeout", "Examples:"):
             assert flag in text, (command, flag)
 
 

@@ -7,6 +7,8 @@ import json
 import yaml
 
 from submitter.cli import main
+from submitter.contract import naming
+from submitter.contract.spec import JobSpec
 from tests.support.kube_emulator import RAYJOBS
 
 WRITES = ("POST", "PATCH", "PUT", "DELETE")
@@ -35,11 +37,19 @@ def test_submit_applies_every_object_and_prints_next_steps(api, kubeconfig, runn
         obj = stored(api, gvr, name)
         assert obj is not None, name
         assert obj["metadata"]["uid"] and obj["metadata"]["resourceVersion"]
+        # the job's identity on every object (whether render or submit put it there)
+        assert naming.annotations("default", "gpt2-demo").items() <= obj["metadata"]["annotations"].items()
+        assert naming.labels("gpt2-demo").items() <= obj["metadata"]["labels"].items()
+    document = JobSpec.build(name="gpt2-demo").document()
+    for gvr, name in [("v1/persistentvolumeclaims", "gpt2-demo-checkpoints"), ("v1/configmaps", "gpt2-demo-progress")]:
+        assert stored(api, gvr, name)["metadata"]["annotations"][naming.JOB_DOCUMENT_ANNOTATION] == document
     assert "rayjob/gpt2-demo created" in result.output
     assert "submitter watch gpt2-demo -n default" in result.output
     assert "submitter logs gpt2-demo -n default -f" in result.output
-    applies = [q for m, p, q in writes(api)]
-    assert all(q == {"fieldManager": "submitter", "force": "true"} for q in applies) and len(applies) == 7
+    # created (POST, never a forced apply over someone else's), each after a dry run of all seven
+    sent = [(m, q) for m, p, q in writes(api)]
+    assert sent == [("POST", {"fieldManager": "submitter", "dryRun": "All"})] * 7 + \
+        [("POST", {"fieldManager": "submitter"})] * 7
 
 
 def test_second_identical_submit_changes_nothing(api, kubeconfig, runner):
@@ -98,8 +108,8 @@ def test_dry_run_server_sends_dry_run_all_and_persists_nothing(api, kubeconfig, 
     assert result.exit_code == 0, result.output
     items = json.loads(result.stdout)["items"]
     assert [o["kind"] for o in items][-1] == "RayJob" and items[-1]["metadata"]["uid"]
-    patches = [q for m, p, q in writes(api)]
-    assert len(patches) == 7 and all(q.get("dryRun") == "All" for q in patches)
+    sent = [q for m, p, q in writes(api)]
+    assert len(sent) == 7 and all(q.get("dryRun") == "All" for q in sent)
     assert stored(api, RAYJOBS, "gpt2-demo") is None
     assert stored(api, "v1/persistentvolumeclaims", "gpt2-demo-checkpoints") is None
     text = submit(runner, kubeconfig, "--dry-run=server")
@@ -173,18 +183,19 @@ def test_existing_pvc_must_exist_and_be_read_write_many(api, kubeconfig, runner)
 
 
 def test_500_and_429_on_submit_are_retried(api, kubeconfig, runner):
-    api.emulator.fail("PATCH", r"/rayjobs/gpt2-demo$", status=500, times=2)
-    api.emulator.fail("PATCH", r"/configmaps/gpt2-demo-progress$", status=429, retry_after="0", times=1)
+    api.emulator.fail("POST", r"/rayjobs$", status=500, times=2, dry_run=False)
+    api.emulator.fail("POST", r"/configmaps$", status=429, retry_after="0", times=1, dry_run=False)
     result = submit(runner, kubeconfig)
     assert result.exit_code == 0, result.output
-    patched = [p for m, p, q in writes(api)]
-    assert patched.count("/apis/ray.io/v1/namespaces/default/rayjobs/gpt2-demo") == 3
-    assert patched.count("/api/v1/namespaces/default/configmaps/gpt2-demo-progress") == 2
+    created = [p for m, p, q in writes(api) if "dryRun" not in q]
+    assert created.count("/apis/ray.io/v1/namespaces/default/rayjobs") == 3
+    assert created.count("/api/v1/namespaces/default/configmaps") == 2
     assert stored(api, RAYJOBS, "gpt2-demo") is not None
+    assert "rayjob/gpt2-demo created" in result.output
 
 
 def test_connection_reset_is_retried(api, kubeconfig, runner):
-    api.emulator.fail("PATCH", r"/rolebindings/", reset=True, times=1)
+    api.emulator.fail("POST", r"/rolebindings$", reset=True, times=1, dry_run=False)
     result = submit(runner, kubeconfig)
     assert result.exit_code == 0, result.output
     assert stored(api, "rbac.authorization.k8s.io/v1/rolebindings", "gpt2-demo-progress") is not None
@@ -192,26 +203,26 @@ def test_connection_reset_is_retried(api, kubeconfig, runner):
 
 def test_persistent_5xx_gives_up_with_one_line_and_a_partial_report(api, kubeconfig, runner, monkeypatch):
     monkeypatch.setenv("SUBMITTER_API_RETRIES", "2")
-    api.emulator.fail("PATCH", r"/rayjobs/", status=503, times=100)
+    api.emulator.fail("POST", r"/rayjobs$", status=503, times=100, dry_run=False)
     result = submit(runner, kubeconfig)
-    assert result.exit_code == 1
+    assert result.exit_code == 4  # the API could not be asked: not "the job failed"
     line = result.output.strip()
     assert "\n" not in line and "kept failing (503" in line
     assert "applied: persistentvolumeclaim/gpt2-demo-checkpoints created" in line
     assert "not applied: rayjob/gpt2-demo" in line
 
 
-def test_403_names_the_verb_and_resource_and_says_what_was_applied(api, kubeconfig, runner):
-    api.emulator.deny("patch", "rolebindings")
+def test_403_names_the_verb_and_resource_and_nothing_is_written(api, kubeconfig, runner):
+    api.emulator.deny("create", "rolebindings")
     result = submit(runner, kubeconfig)
     assert result.exit_code == 1
-    assert "you may not patch rolebindings.rbac.authorization.k8s.io in namespace default" in result.output
-    assert "role/gpt2-demo-progress created" in result.output
-    assert "not applied: rolebinding/gpt2-demo-progress, configmap/gpt2-demo-progress, networkpolicy/gpt2-demo, rayjob/gpt2-demo" in result.output
+    assert "you may not create rolebindings.rbac.authorization.k8s.io in namespace default" in result.output
+    assert "server dry run; nothing was written" in result.output
+    assert [q for m, p, q in writes(api) if "dryRun" not in q] == []
 
 
 def test_409_conflict_is_reported(api, kubeconfig, runner):
-    api.emulator.fail("PATCH", r"/serviceaccounts/", status=409, times=1)
+    api.emulator.fail("POST", r"/serviceaccounts$", status=409, times=1)
     result = submit(runner, kubeconfig)
     assert result.exit_code == 1
     assert "conflict on serviceaccounts/gpt2-demo-progress in namespace default" in result.output
@@ -229,7 +240,7 @@ def test_unreachable_api_is_one_line(tmp_path, runner, monkeypatch):
 
     config = Running(None, f"http://127.0.0.1:{port}", None).kubeconfig(tmp_path / "kc")  # type: ignore[arg-type]
     result = submit(runner, config)
-    assert result.exit_code == 1
+    assert result.exit_code == 4
     assert result.output.startswith(f"error: cannot reach the Kubernetes API at http://127.0.0.1:{port}")
 
 
@@ -252,8 +263,7 @@ def test_help_stays_light():
     assert out.strip().splitlines()[-1] == "[]"
 
 
-def test_retry_policy_is_on_the_pool_manager_and_never_retries_post(kube):
-    retry = kube.api.rest_client.pool_manager.connection_pool_kw["retries"]
-    assert set(retry.status_forcelist) == {429, 500, 502, 503, 504}
-    assert "POST" not in retry.allowed_methods and {"GET", "PATCH", "DELETE"} <= set(retry.allowed_methods)
-    assert retry.respect_retry_after_header
+def test_retries_are_ours_within_the_deadline_not_urllib3s(kube):
+    """urllib3's Retry would multiply each attempt's read timeout; Kube.request retries itself."""
+    assert kube.api.rest_client.pool_manager.connection_pool_kw["retries"].total is False
+    assert kube.request_timeout == 30.0

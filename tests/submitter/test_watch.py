@@ -319,3 +319,112 @@ def test_watch_without_configmap_rbac_still_follows_the_rayjob(api, job, kube):
     thread.join(5)
     assert not errors and final.state == "SUCCEEDED"
     assert len(warnings) == 1 and "you may not watch configmaps" in warnings[0]
+
+
+# --- #9 item 5 and #11 item 4: outcomes that are not "the job failed" -----------------------------
+
+def test_watch_error_event_reconnects_like_a_dropped_stream(api, job, kubeconfig, runner):
+    job.initialize()
+    job.run()
+    api.emulator.fail("GET", r"/rayjobs$", watch_error=500, times=2)
+
+    def script():
+        time.sleep(0.3)  # after the ERROR events and the reconnects
+        job.step(1, 10)
+        job.emit("run_finished")
+        time.sleep(0.2)
+        job.succeed()
+
+    result, out = watched(api, runner, kubeconfig, script)
+    assert result.exit_code == 0, result.output
+    assert out[-1]["state"] == "SUCCEEDED"
+    rayjob_watches = [q for m, p, q in api.emulator.log if q.get("watch") == "true" and "rayjobs" in p]
+    assert len(rayjob_watches) >= 3 and all(q.get("resourceVersion") for q in rayjob_watches)
+
+
+def test_watch_error_events_that_never_stop_exit_4(api, job, kubeconfig, runner):
+    job.initialize()
+    job.run()
+    api.emulator.fail("GET", r"/rayjobs$", watch_error=500, times=100)
+    result = run_watch(runner, kubeconfig)
+    assert result.exit_code == 4 and "got an ERROR event" in result.stderr
+
+
+def test_watch_of_a_job_deleted_by_kuberay_after_success_exits_0_and_says_so(api, job, kubeconfig, runner):
+    job.initialize()
+    job.run()
+    job.emit("run_finished")
+
+    def script():
+        # The watcher misses the final MODIFIED (as across a reconnect): only DELETED arrives,
+        # carrying the last status, as ttlSecondsAfterFinished deletes a Complete RayJob.
+        with api.emulator._tlock:
+            api.emulator.store[(RAYJOBS, "default", NAME)]["status"] = {
+                "jobDeploymentStatus": "Complete", "jobStatus": "SUCCEEDED"}
+        api.emulator.remove(RAYJOBS, "default", NAME)
+
+    result, out = watched(api, runner, kubeconfig, script)
+    assert result.exit_code == 0, result.output
+    assert out[-1]["state"] == "SUCCEEDED" and out[-1]["exitCode"] == 0
+    assert "deleted after it ended" in out[-1]["note"] and "deleted after it ended" in result.stderr
+
+
+def test_watch_started_after_kuberay_deleted_the_succeeded_job_exits_0(api, job, kubeconfig, runner):
+    job.initialize()
+    job.run()
+    job.step(1, 10)
+    job.emit("run_finished")
+    job.succeed()
+    api.emulator.remove(RAYJOBS, "default", NAME)
+    result = runner.invoke(main, ["watch", NAME, "--kubeconfig", kubeconfig])
+    assert result.exit_code == 0, result.output
+    assert "training reported its end" in result.stderr and "ttlSecondsAfterFinished" in result.stderr
+
+
+def test_watch_of_a_job_deleted_while_running_exits_1(api, job, kubeconfig, runner):
+    job.initialize()
+    job.run()
+    result, out = watched(api, runner, kubeconfig, lambda: api.emulator.remove(RAYJOBS, "default", NAME))
+    assert result.exit_code == 1 and out[-1]["state"] == "DELETED"
+
+
+def test_watch_of_an_unreachable_api_exits_4(tmp_path, runner, monkeypatch):
+    import socket
+
+    from tests.support.kube_emulator import Running
+
+    monkeypatch.setenv("SUBMITTER_API_RETRIES", "1")
+    monkeypatch.setenv("SUBMITTER_API_BACKOFF", "0.01")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    config = Running(None, f"http://127.0.0.1:{port}", None).kubeconfig(tmp_path / "kc")  # type: ignore[arg-type]
+    result = runner.invoke(main, ["watch", NAME, "--kubeconfig", config])
+    assert result.exit_code == 4 and "cannot reach the Kubernetes API" in result.stderr
+
+
+def test_watch_help_documents_exit_codes_0_1_3_4(runner):
+    text = runner.invoke(main, ["watch", "--help"]).output
+    for code in ("0  succeeded", "1  failed", "3  --timeout", "4  could not observe"):
+        assert code in text, code
+    assert "--request-timeout" in text
+
+
+def test_watch_of_a_job_stopped_with_submitter_stop_exits_1_but_waits_out_kueue(api, job, kubeconfig, runner):
+    from submitter.ownership import STOPPED_ANNOTATION
+
+    job.initialize()
+    job.run()
+
+    def stop():  # what `submitter stop` writes, then KubeRay's answer
+        api.emulator.merge(RAYJOBS, "default", NAME, {"spec": {"suspend": True},
+                                                      "metadata": {"annotations": {STOPPED_ANNOTATION: "true"}}})
+        job.set("Suspended", "RUNNING")
+
+    result, out = watched(api, runner, kubeconfig, stop)
+    assert result.exit_code == 1 and out[-1]["state"] == "SUSPENDED"
+    assert "submitter resume gpt2-demo -n default continues it" in out[-1]["note"]
+    assert run_watch(runner, kubeconfig).exit_code == 1  # already stopped: at once
+    # suspended by Kueue (no stop annotation): queued, not stopped; --timeout ends the wait
+    api.emulator.merge(RAYJOBS, "default", NAME, {"metadata": {"annotations": {STOPPED_ANNOTATION: None}}})
+    assert run_watch(runner, kubeconfig, "--timeout", "0.5s").exit_code == 3

@@ -13,7 +13,11 @@ object endpoints from it:
 - discovery: `/api/v1` says `groupVersion: v1`; `/api/v1/namespaces[/NAME]` parses;
 - pod logs (`.../pods/NAME/log`, `follow`);
 - faults: a status code (with Retry-After), a connection reset, a watch stream dropped after N
-  events, 403 for a verb on a resource; and a request log for counting.
+  events, a watch ERROR event, a hang (no answer for N seconds), a 200 with an HTML page (an
+  auth proxy) or a truncated JSON body, each optionally only for dry-run or only for real
+  requests; 403 for a verb on a resource; and a request log for counting;
+- `metadata.generateName` on create, `metadata.uid` in a merge patch as a precondition, and
+  finalizers: a delete of an object with finalizers only sets `deletionTimestamp`.
 
 The server runs in a thread with its own event loop (`running_emulator`), because the client is
 blocking; tests and the fake operator mutate the store from their own thread through the
@@ -104,9 +108,21 @@ class Fault:
     retry_after: str | None = None
     times: int = 1
     hits: int = 0
+    hang: float | None = None         # or hold the request this many seconds first (a hung server)
+    html: bool = False                # or answer 200 with an HTML login page (an auth proxy)
+    truncated: bool = False           # or answer 200 with half a JSON body
+    watch_error: int | None = None    # or (watch) send an ERROR event with this code, then end
+    dry_run: bool | None = None       # only requests with (True) / without (False) dryRun=All
 
-    def matches(self, method: str, path: str) -> bool:
+    def matches(self, method: str, path: str, params: dict | None = None) -> bool:
+        if self.dry_run is not None and ((params or {}).get("dryRun") == "All") is not self.dry_run:
+            return False
         return self.hits < self.times and method == self.method and bool(self.path.search(path))
+
+    @property
+    def streaming(self) -> bool:
+        """Faults the watch handler plays (mid-stream), not the request handler."""
+        return self.drop_after is not None or self.watch_error is not None
 
 
 @attrs.define(kw_only=True)
@@ -119,6 +135,10 @@ class ApiEmulator(kmock.KubernetesEmulator):
     compacted: int = attrs.field(default=0, init=False)
     faults: list[Fault] = attrs.field(factory=list, init=False)
     denied: set[tuple[str, str]] = attrs.field(factory=set, init=False)
+    validators: dict[str, Any] = attrs.field(factory=dict, init=False)
+    #: As for a user without the `bind`/`escalate` verbs (a namespace admin): creating a
+    #: RoleBinding resolves its Role, so it answers 404 while the Role does not exist yet.
+    role_refs_checked: bool = attrs.field(default=True, init=False)
     pod_logs: dict[tuple[str, str], list[str]] = attrs.field(factory=dict, init=False)
     log: list[tuple[str, str, dict]] = attrs.field(factory=list, init=False)
     loop: asyncio.AbstractEventLoop | None = attrs.field(default=None, init=False)
@@ -187,13 +207,21 @@ class ApiEmulator(kmock.KubernetesEmulator):
             self.history = []
 
     def fail(self, method: str, path: str, *, status: int | None = None, reset: bool = False,
-             drop_after: int | None = None, retry_after: str | None = None, times: int = 1) -> Fault:
-        fault = Fault(method.upper(), re.compile(path), status, reset, drop_after, retry_after, times)
+             drop_after: int | None = None, retry_after: str | None = None, times: int = 1,
+             hang: float | None = None, html: bool = False, truncated: bool = False,
+             watch_error: int | None = None, dry_run: bool | None = None) -> Fault:
+        fault = Fault(method.upper(), re.compile(path), status, reset, drop_after, retry_after, times,
+                      hang=hang, html=html, truncated=truncated, watch_error=watch_error, dry_run=dry_run)
         self.faults.append(fault)
         return fault
 
     def deny(self, verb: str, plural: str) -> None:
         self.denied.add((verb, plural))
+
+    def validate(self, plural: str, errors: Any) -> None:
+        """Validate created/applied objects of `plural` with `errors(obj) -> [problem, ...]`
+        (e.g. the KubeRay CRD schema): the first problem is a 422 Invalid, dry runs included."""
+        self.validators[plural] = errors
 
     def requests_since(self, mark: int) -> list[tuple[str, str, dict]]:
         return self.log[mark:]
@@ -247,8 +275,20 @@ class ApiEmulator(kmock.KubernetesEmulator):
         params = dict(raw.query)
         self.log.append((raw.method, raw.path, params))
         for fault in self.faults:
-            if fault.matches(raw.method, raw.path) and fault.drop_after is None:
+            if fault.matches(raw.method, raw.path, params) and not fault.streaming:
                 fault.hits += 1
+                if fault.hang is not None:
+                    await asyncio.sleep(fault.hang)
+                    if fault.status is None:
+                        break  # a slow server: then answer normally
+                if fault.html:
+                    return aiohttp.web.Response(
+                        status=200, content_type="text/html",
+                        text="<!DOCTYPE html><html><head><title>Sign in</title></head><body>"
+                             "<form action='/oauth2/start'>Sign in with SSO</form></body></html>")
+                if fault.truncated:
+                    return aiohttp.web.Response(status=200, content_type="application/json",
+                                                text='{"kind": "RayJob", "apiVersion": "ray.io/v1", "meta')
                 if fault.reset:
                     assert raw.transport is not None
                     raw.transport.abort()
@@ -282,7 +322,10 @@ class ApiEmulator(kmock.KubernetesEmulator):
                 "apiVersion": route.api_version, "kind": f"{info.kind}List",
                 "metadata": {"resourceVersion": str(self.rv)}, "items": items})
         if method == "POST":
-            route.name = (body or {}).get("metadata", {}).get("name")
+            meta = (body or {}).get("metadata", {})
+            if not meta.get("name") and meta.get("generateName"):
+                meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
+            route.name = meta.get("name")
         key = (route.gvr, route.namespace, route.name)
         existing = self.store.get(key)
         if route.namespace is not None and method in ("POST", "PATCH") and \
@@ -299,7 +342,12 @@ class ApiEmulator(kmock.KubernetesEmulator):
             precondition = ((body or {}).get("preconditions") or {}).get("uid")
             if precondition and precondition != existing["metadata"]["uid"]:
                 return _status(409, "Conflict", "Precondition failed: UID in precondition does not match")
-            if not dry:
+            if existing["metadata"].get("finalizers"):
+                if not dry and not existing["metadata"].get("deletionTimestamp"):
+                    marked = copy.deepcopy(existing)
+                    marked["metadata"]["deletionTimestamp"] = _now()
+                    self._commit("MODIFIED", route.gvr, key, marked)
+            elif not dry:
                 self.remove(route.gvr, route.namespace, route.name)
             return aiohttp.web.json_response({"kind": "Status", "apiVersion": "v1", "status": "Success",
                                               "details": {"name": route.name, "uid": existing["metadata"]["uid"]}})
@@ -308,20 +356,32 @@ class ApiEmulator(kmock.KubernetesEmulator):
                 return _status(409, "AlreadyExists", f'{route.plural} "{route.name}" already exists',
                                {"name": route.name, "kind": route.plural})
             obj = self._new(body, route)
+            invalid = self._invalid(route, obj)
+            if invalid is not None:
+                return invalid
             return aiohttp.web.json_response(obj if dry else self._commit("ADDED", route.gvr, key, obj),
                                              status=201)
         if method == "PATCH":
             if "apply-patch" in ctype:
                 if existing is None:
                     obj = self._new(body, route)
+                    invalid = self._invalid(route, obj)
+                    if invalid is not None:
+                        return invalid
                     return aiohttp.web.json_response(
                         obj if dry else self._commit("ADDED", route.gvr, key, obj), status=201)
                 merged = apply_merge(copy.deepcopy(existing), body)
+                invalid = self._invalid(route, merged)
+                if invalid is not None:
+                    return invalid
             elif "merge-patch" in ctype:
                 if existing is None:
                     return _not_found(route)
                 if route.subresource == "status":
                     body = {"status": body.get("status")}
+                precondition = ((body or {}).get("metadata") or {}).get("uid")
+                if precondition and precondition != existing["metadata"]["uid"]:
+                    return _status(409, "Conflict", "Precondition failed: UID in precondition does not match")
                 merged = merge_patch(copy.deepcopy(existing), body)
             else:
                 return _status(415, "UnsupportedMediaType", f"unsupported patch type {ctype}")
@@ -330,13 +390,37 @@ class ApiEmulator(kmock.KubernetesEmulator):
             return aiohttp.web.json_response(self._commit("MODIFIED", route.gvr, key, merged))
         return _status(405, "MethodNotAllowed", f"{method} is not supported here")
 
+    def _invalid(self, route: Route, obj: dict) -> aiohttp.web.Response | None:
+        ref = obj.get("roleRef") or {}
+        if route.plural == "rolebindings" and self.role_refs_checked and ref.get("kind") == "Role" and \
+                ("rbac.authorization.k8s.io/v1/roles", route.namespace, ref.get("name")) not in self.store:
+            return _status(404, "NotFound", f'roles.rbac.authorization.k8s.io "{ref.get("name")}" not found',
+                           {"name": ref.get("name"), "group": "rbac.authorization.k8s.io", "kind": "roles"})
+        check = self.validators.get(route.plural)
+        problems = check(obj) if check else []
+        if not problems:
+            return None
+        info = self._info(route)
+        kind = f"{info.kind}.{route.group}" if route.group else info.kind
+        return _status(422, "Invalid", f'{kind} "{route.name}" is invalid: {problems[0]}',
+                       {"name": route.name, "kind": route.plural})
+
     async def _watch(self, raw: Any, route: Route, params: dict) -> aiohttp.web.StreamResponse:
         drop = next((f for f in self.faults
                      if f.matches(raw.method, raw.path) and f.drop_after is not None), None)
         if drop is not None:
             drop.hits += 1
+        error = next((f for f in self.faults
+                      if f.matches(raw.method, raw.path) and f.watch_error is not None), None)
         response = aiohttp.web.StreamResponse(headers={"Content-Type": "application/json"})
         await response.prepare(raw)
+        if error is not None:
+            error.hits += 1
+            await response.write(json.dumps({"type": "ERROR", "object": {
+                "kind": "Status", "apiVersion": "v1", "status": "Failure", "code": error.watch_error,
+                "reason": "InternalError", "message": "etcdserver: request timed out"}}).encode() + b"\n")
+            await response.write_eof()
+            return response
         loop = asyncio.get_running_loop()
         timeout = float(params.get("timeoutSeconds", 1800))
         deadline = loop.time() + timeout
