@@ -423,3 +423,14 @@ def test_dry_run_of_a_new_rolebinding_passes_while_its_new_role_does_not_exist_y
     with pytest.raises(NotFound, match="nothing was written"):
         cluster.install(kube, binding, {cluster._ref(binding[0]): None})
     assert real_writes(api) == []
+
+
+def test_the_deadline_is_silence_not_age_a_slow_but_answering_api_is_fine(api, kubeconfig):
+    """Every answer renews the deadline: a long watch or a command of many requests is fine;
+    only an API that stays silent (or keeps failing) for --request-timeout gives up."""
+    from submitter.kube import Kube
+
+    kube = Kube(kubeconfig=kubeconfig, request_timeout=0.5)
+    assert kube.find("ConfigMap", "default", "x") is None  # a 404 is an answer too
+    time.sleep(0.7)
+    assert kube.find("RayJob", "default", "x") is None
