@@ -52,10 +52,11 @@ def prepare_run(spec: JobSpec, environ: Any = os.environ) -> tuple[TrainConfig, 
     return TrainConfig.from_spec(spec, path), line
 
 
-def run_dir_of(cfg: TrainConfig) -> Optional[str]:
-    """`<storage_path>/<run_name>` when it is a filesystem path (events.jsonl lives there)."""
+def run_dir_of(cfg: TrainConfig) -> str:
+    """`<storage_path>/<run_name>`, where events.jsonl lives beside the checkpoints: a local
+    path, or a URI for an object store."""
     if scheme_of(cfg.storage_path) not in ("", "file"):
-        return None
+        return f"{cfg.storage_path.rstrip('/')}/{cfg.run_name}"
     return os.path.join(local_path(cfg.storage_path), cfg.run_name)
 
 
@@ -151,7 +152,7 @@ def run(cfg: TrainConfig, *, on_event: OnEvent, notice: Notice = print,
         state = ev.ProgressState.from_dict(ray.get(hub.snapshot.remote()))
         session = ray.get(hub.since.remote(0))
         ray.kill(hub)
-    return RunOutcome(ok, state, session, run_dir_of(cfg) or cfg.storage_path, error)
+    return RunOutcome(ok, state, session, run_dir_of(cfg), error)
 
 
 def _start_hub(cfg: TrainConfig) -> Any:
@@ -232,7 +233,7 @@ def _final_fields(cfg: TrainConfig, result: Any) -> dict[str, Any]:
                if k in ("epoch", "step", "train_loss", "val_loss", "tokens_per_sec")}
     best = result.best_checkpoints or []
     out: dict[str, Any] = dict(metrics)
-    out["checkpoint_dir"] = run_dir_of(cfg) or f"{cfg.storage_path}/{cfg.run_name}"
+    out["checkpoint_dir"] = run_dir_of(cfg)
     out["latest_checkpoint"] = result.checkpoint.path if result.checkpoint else None
     if best:
         ranked = sorted(best, key=lambda cm: _score(cm[1]))

@@ -128,7 +128,7 @@ def run_sinks(run_dir: Optional[str],
     sinks: list[Any] = []
     history: list[dict[str, Any]] = []
     if run_dir is not None:
-        fs = FileSink(os.path.join(run_dir, naming.EVENTS_FILE))
+        fs = events_sink(run_dir)
         history = fs.read()
         sinks.append(fs)
     cm_name = environ.get(naming.ENV_PROGRESS_CONFIGMAP)
@@ -142,6 +142,17 @@ def run_sinks(run_dir: Optional[str],
         cm.continue_from(history)
         sinks.append(cm)
     return sinks, history
+
+
+def events_sink(run_dir: str) -> Any:
+    """events.jsonl under the run directory: a file, or an object in an object store."""
+    from submitter.contract.storage import scheme_of
+
+    if scheme_of(run_dir) not in ("", "file"):
+        from training.object_store import ObjectStoreSink
+
+        return ObjectStoreSink(f"{run_dir.rstrip('/')}/{naming.EVENTS_FILE}")
+    return FileSink(os.path.join(run_dir, naming.EVENTS_FILE))
 
 
 def _last_seq(events: list[Mapping[str, Any]]) -> int:

@@ -15,6 +15,7 @@ import time
 from typing import Any, Optional
 
 from training.config import TrainConfig
+from training.object_store import as_uri
 
 STATE_FILE = "state.pt"
 
@@ -112,7 +113,7 @@ def train_func(loop_config: dict[str, Any]) -> None:
                        optim_state_dict=state["optimizer"],
                        options=StateDictOptions(full_state_dict=True))
         scheduler.load_state_dict(state["scheduler"])
-        resumed_from = checkpoint.path
+        resumed_from = as_uri(cfg.storage_path, checkpoint.path)
     start_epoch, skip, step = resume_point(state)
     events.started(resumed_from, epoch=start_epoch + 1, step=step)
 
