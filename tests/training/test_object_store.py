@@ -12,14 +12,13 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 
 import pytest
 
 from submitter.contract import events as ev
 from submitter.contract import naming
 from tests.conftest import ROOT
-from tests.training.test_ray import _args, _pids_with_title
+from tests.training.test_ray import _args, _descendants, _pids_with_title
 from training.object_store import ObjectStoreSink
 
 
@@ -73,6 +72,12 @@ def _bucket_events(s3_server, run: str) -> list[dict]:
     return ev.parse_lines(text) if text else []
 
 
+def _our_workers() -> list[int]:
+    """This test's Ray Train workers (other Ray runs on the machine are none of its business)."""
+    ours = set(_descendants(os.getpid()))
+    return [pid for pid in _pids_with_title("ray::RayTrainWorker") if pid in ours]
+
+
 def _registered(s3_server, run: str, events: list[dict]) -> bool:
     """Ray Train's run snapshot in the bucket lists a saved checkpoint (what a restart uses)."""
     snapshot = s3_server.read_text(f"bkt/runs/{run}/checkpoint_manager_snapshot.json") or ""
@@ -99,7 +104,7 @@ def test_a_killed_worker_resumes_from_the_checkpoint_in_the_bucket(s3_server):
                     and _registered(s3_server, "s3ft", _bucket_events(s3_server, "s3ft"))
             except OSError:
                 ready = False
-            pids = _pids_with_title("ray::RayTrainWorker") if ready else []
+            pids = _our_workers() if ready else []
             if len(pids) == 2:
                 os.kill(pids[-1], signal.SIGKILL)
                 killed.append(pids[-1])
