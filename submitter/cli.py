@@ -16,6 +16,7 @@ from typing import Any, Callable
 import click
 
 from submitter import __version__
+from submitter.cli_help import GroupedCommand
 from submitter.cli_options import cluster_options, default_namespace, request_timeout
 from submitter.contract.errors import SubmitterError, UsageError
 from submitter.contract.spec import JobSpec, defaults, field_types, flag_name, parse_pairs
@@ -45,31 +46,19 @@ def spec_options(func: Callable[..., Any]) -> Callable[..., Any]:
                                metavar=meta["metavar"] or kind.__name__.upper(),
                                help=meta["help"] + shown)
         func = opt(func)
-    return click.option("-f", "--file", "job_file", type=click.Path(dir_okay=False),
-                        help="job file (YAML) with the same settings as the flags; flags "
-                             "override it")(func)
+    return click.option("-f", "--file", "job_file", metavar="FILE",
+                        help="job file (YAML, snake_case keys, `render -o jobfile` writes one), "
+                             "a Helm values file, or `submitter render` output; flags override "
+                             "it; - reads stdin")(func)
 
 
 def load_job_file(path: str | None) -> dict[str, Any]:
+    """The settings of `-f FILE` (a job file, a values file or a rendered manifest stream)."""
     if path is None:
         return {}
-    import yaml
+    from submitter.jobfile import load
 
-    try:
-        text = Path(path).read_text()
-    except OSError as e:
-        raise UsageError(f"cannot read job file {path}: {e.strerror}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" (line {mark.line + 1})" if mark else ""
-        raise UsageError(f"job file {path} is not valid YAML{where}; check its syntax") from None
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise UsageError(f"job file {path} must be a mapping of settings, e.g. 'replicas: 8'")
-    return data
+    return load(path)
 
 
 def spec_values(options: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -125,6 +114,11 @@ class _Group(click.Group):
         except SubmitterError as e:
             click.echo(f"error: {e}", err=True)
             ctx.exit(e.exit_code)
+        except click.UsageError as e:  # click's own (unknown option, missing value): one line too
+            where = e.ctx.command_path if e.ctx is not None else ctx.command_path
+            message = " ".join(e.format_message().split())
+            click.echo(f"error: {message} (see: {where} --help)", err=True)
+            ctx.exit(e.exit_code)
         except KeyboardInterrupt:
             click.echo("interrupted", err=True)
             ctx.exit(130)
@@ -146,44 +140,85 @@ def main() -> None:
     """
 
 
-@main.command()
+#: `render -o` values written to stdout; a directory is written as DIR/ (or --output-dir DIR).
+RENDER_OUTPUTS = ("yaml", "json", "jobfile")
+
+
+def render_target(output: str | None, output_dir: str | None, helm_values: bool) -> tuple[str, str | None]:
+    """(kind, directory) of render's output: "yaml" | "json" | "jobfile" | "dir". Only the
+    documented spellings: `-o yml` or `-o JSON` must not quietly become a directory."""
+    from submitter.jobfile import cut
+
+    if output_dir is not None:
+        if output is not None:
+            raise UsageError(f"-o {cut(output, 40)} and --output-dir: give one of them")
+        if not output_dir.strip():
+            raise UsageError("--output-dir needs a directory name, e.g. --output-dir manifests-out")
+        return "dir", output_dir
+    output = "yaml" if output is None else output
+    if output.endswith(("/", "\\")) and output.strip("/\\ "):
+        return "dir", output
+    if output not in RENDER_OUTPUTS:
+        hint = {"yml": "yaml", "jobfile.yaml": "jobfile", "job": "jobfile"}.get(output.lower(), output.lower())
+        fix = f"did you mean -o {hint}? " if hint in RENDER_OUTPUTS else ""
+        raise UsageError(f"-o {cut(output, 40)} is not an output format; {fix}use yaml, json, "
+                         "jobfile, or a directory written as DIR/ (or --output-dir DIR)")
+    if helm_values and output != "yaml":
+        raise UsageError(f"--helm-values prints a YAML values file; leave out -o {output}")
+    return output, None
+
+
+@main.command(cls=GroupedCommand)
 @spec_options
-@click.option("-o", "--output", default="yaml", show_default=True, metavar="yaml|json|DIR",
-              help="yaml or json to stdout, or a directory: one file per object plus a "
-                   "kustomization.yaml")
+@click.option("-o", "--output", default=None, metavar="yaml|json|jobfile|DIR/",
+              help="yaml (default) or json: the objects to stdout; jobfile: a job file with every "
+                   "setting and its help (read it back with -f); DIR/ (trailing slash): one file "
+                   "per object plus a kustomization.yaml")
+@click.option("--output-dir", metavar="DIR",
+              help="write one file per object plus a kustomization.yaml into DIR (as -o DIR/)")
 @click.option("--helm-values", is_flag=True,
               help="print a values file for charts/submitter instead of the objects")
-def render(output: str, helm_values: bool, **options: Any) -> None:
+def render(output: str | None, output_dir: str | None, helm_values: bool, **options: Any) -> None:
     """Render the job's Kubernetes objects (RayJob, PVC, RBAC) for GitOps; no cluster needed.
+
+    -f reads a job file (snake_case keys), a Helm values file (camelCase keys) or the output of
+    render itself, so `render ... > job.yaml` then `render -f job.yaml` gives the same objects.
 
     \b
     Examples:
       submitter render --name gpt2-demo --replicas 8 --gpu-per-pod 1 > job.yaml
-      submitter render --name gpt2-demo -o manifests-out/
+      submitter render --name gpt2-demo --replicas 8 -o jobfile > job.yaml   # every setting, commented
+      submitter render -f job.yaml --replicas 16                            # flags override the file
+      submitter render --name gpt2-demo -o manifests-out/                   # or --output-dir DIR
       submitter render --name gpt2-demo --helm-values > values.yaml
       helm template gpt2-demo charts/submitter -f values.yaml
     """
     from submitter.render import render as render_plan
 
+    kind, directory = render_target(output, output_dir, helm_values)
     spec = build_spec(options)
     plan = render_plan(spec)  # storage policy first: nothing is written when it refuses
     if helm_values:
         from submitter.plan import to_yaml
 
         click.echo(to_yaml(spec.to_values(), stream=False), nl=False)
-    elif output == "yaml":
+    elif kind == "yaml":
         click.echo(str(plan), nl=False)
-    elif output == "json":
+    elif kind == "json":
         click.echo(plan.to_json(), nl=False)
+    elif kind == "jobfile":
+        from submitter.jobfile import dump
+
+        click.echo(dump(spec), nl=False)
     else:
-        target = Path(output)
+        target = Path(str(directory))
         if target.exists() and not target.is_dir():
-            raise UsageError(f"-o {output}: exists and is not a directory; use yaml, json or a directory")
+            raise UsageError(f"{target}: exists and is not a directory; choose another directory")
         written = plan.write_dir(target)
         click.echo(f"wrote {len(written)} files to {target}/", err=True)
 
 
-@main.command()
+@main.command(cls=GroupedCommand)
 @spec_options
 @cluster_options
 @click.option("--local", is_flag=True,

@@ -35,7 +35,7 @@ def test_render_directory_writes_one_file_per_object_and_a_kustomization(runner,
     out = tmp_path / "manifests-out"
     (tmp_path / "manifests-out").mkdir()
     (out / "mine.txt").write_text("keep me")
-    result = runner.invoke(main, ["render", "--name", "gpt2-demo", "-o", str(out)])
+    result = runner.invoke(main, ["render", "--name", "gpt2-demo", "-o", str(out) + "/"])
     assert result.exit_code == 0, result.output
     kustomization = yaml.safe_load((out / "kustomization.yaml").read_text())
     assert kustomization["kind"] == "Kustomization"
@@ -47,7 +47,7 @@ def test_render_directory_writes_one_file_per_object_and_a_kustomization(runner,
 
 def test_job_file_sets_fields_and_flags_override(runner, tmp_path):
     job = tmp_path / "job.yaml"
-    job.write_text("name: from-file\nreplicas: 4\ngpu-per-pod: 2\nenv: {A: '1'}\n")
+    job.write_text("name: from-file\nreplicas: 4\ngpu_per_pod: 2\nenv: {A: '1'}\n")
     result = runner.invoke(main, ["render", "-f", str(job), "--replicas", "6", "--env", "B=2"])
     assert result.exit_code == 0, result.output
     expected = JobSpec.build(name="from-file", replicas=6, gpu_per_pod=2, env={"A": "1", "B": "2"})
@@ -66,7 +66,7 @@ def test_job_file_sets_fields_and_flags_override(runner, tmp_path):
 ])
 def test_bad_input_is_one_line_exit_2_and_nothing_on_stdout(runner, args, words, tmp_path):
     out = tmp_path / "out"
-    for extra in ([], ["-o", str(out)]):
+    for extra in ([], ["-o", str(out) + "/"], ["--output-dir", str(out)]):
         result = runner.invoke(main, ["render", *args, *extra])
         assert result.exit_code == 2, result.output
         assert result.stdout == ""
