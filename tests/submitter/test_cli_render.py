@@ -141,3 +141,32 @@ def test_lazy_cluster_commands_are_exactly_cli_clusters_and_import_on_their_own(
     proc = subprocess.run([sys.executable, "-c", "import submitter.cli_cluster"], capture_output=True,
                           text=True)
     assert proc.returncode == 0, proc.stderr  # no circular import between the command modules
+
+
+def test_help_groups_options_by_jobspec_group_and_every_command_has_examples(runner):
+    import re
+
+    from submitter.cli_help import section_order
+    from submitter.contract.spec import GROUPS
+
+    for command in ("render", "submit"):
+        text = runner.invoke(main, [command, "--help"]).stdout
+        titles = re.findall(r"^(\w+) options:$", text, flags=re.M)
+        want = [g.capitalize() for g in section_order()]
+        assert titles == [t for t in want if t in titles]  # in the documented order
+        assert {g.capitalize() for g in GROUPS if any(f.metadata["group"] == g
+                                                      for f in dataclasses.fields(JobSpec))} <= set(titles)
+        for f in dataclasses.fields(JobSpec):  # each flag sits under its own group's title
+            at = re.search(rf"^  (-\w, )?{flag_name(f.name)}[ /=]", text, flags=re.M).start()
+            title = re.findall(r"^(\w+) options:$", text[:at], flags=re.M)[-1]
+            assert title == f.metadata["group"].capitalize(), f.name
+    for name in main.list_commands(None):
+        assert "Examples:" in runner.invoke(main, [name, "--help"]).stdout, name
+
+
+def test_click_usage_errors_are_one_line_exit_2(runner):
+    for args in (["render", "--nme", "x"], ["render", "--replicas"], ["submit", "--dry-run", "maybe"]):
+        result = runner.invoke(main, args)
+        assert result.exit_code == 2
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: ") and "--help" in lines[0], result.stderr
