@@ -179,3 +179,9 @@ def _bytecode_cache(jinja2: Any) -> Any:
 
 
 _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+# `submitter.render(spec)` (the Python API) is this module called: see submitter/_callable.py.
+from submitter._callable import make_callable  # noqa: E402
+
+make_callable(__name__, "submitter.api:render")

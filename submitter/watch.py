@@ -476,3 +476,10 @@ def describe(event: dict[str, Any]) -> str:
 def _seconds(timeout: float | None) -> str:
     return f"{timeout:g}s"
 
+
+
+# `submitter.watch(name)` (the Python API, yielding states) is this module called: see
+# submitter/_callable.py.
+from submitter._callable import make_callable  # noqa: E402
+
+make_callable(__name__, "submitter.api:watch")

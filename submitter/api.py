@@ -1,0 +1,165 @@
+"""The Python API: what the CLI does, for notebooks and pipelines (Airflow, Kubeflow Pipelines).
+
+    import submitter
+    spec = submitter.JobSpec.build(name="gpt2-demo", replicas=8, gpu_per_pod=1)
+    plan = submitter.render(spec)          # objects, str(plan) is YAML, plan.write_dir("out/")
+    submitter.submit(spec)                 # preflight + apply
+    for state in submitter.watch("gpt2-demo"):
+        print(state.state, state.progress.step)
+
+Every function raises the project's errors (`submitter.contract.errors`: `UsageError` for bad
+input, `ClusterError` and its subclasses for the API server, `WatchTimeout`), never calls
+`sys.exit`, and prints nothing. Thin wrappers over `submitter.cluster`, imported lazily, so
+`import submitter` stays as light as `submitter render` (no kubernetes).
+"""
+
+from __future__ import annotations
+
+import io
+import queue
+import threading
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Iterator
+
+from submitter.contract.spec import JobSpec
+
+if TYPE_CHECKING:
+    from submitter.kube import Kube
+    from submitter.plan import Plan
+    from submitter.state import JobState
+
+DEFAULT_NAMESPACE = "default"
+
+
+def render(spec: JobSpec) -> "Plan":
+    """The job's Kubernetes objects (a `Plan`: iterate it for the objects, `str(plan)` is the YAML
+    stream, `plan.to_json()` a List, `plan.write_dir(path)` a kustomize directory). Pure."""
+    from submitter.render import render as render_plan
+
+    return render_plan(spec)
+
+
+@dataclass(frozen=True)
+class Submitted:
+    """What `submit` did: the rendered plan and the report the CLI would print."""
+
+    name: str
+    namespace: str
+    plan: "Plan"
+    report: str
+
+
+def submit(spec: JobSpec, *, dry_run: str = "none", context: str | None = None,
+           kubeconfig: str | None = None, kube: "Kube | None" = None) -> Submitted:
+    """Preflight and apply the job (dry_run: "none", "client" or "server"); does not wait."""
+    from submitter.cluster import submit_job
+
+    plan = render(spec)
+    out = io.StringIO()
+    submit_job(spec, dry_run=dry_run, output="text", context=context, kubeconfig=kubeconfig,
+               kube=kube, out=out, err=out)
+    return Submitted(spec.name, spec.namespace, plan, out.getvalue())
+
+
+def _kube(kube: "Kube | None", context: str | None, kubeconfig: str | None) -> "Kube":
+    if kube is not None:
+        return kube
+    from submitter.kube import Kube
+
+    return Kube(context=context, kubeconfig=kubeconfig)
+
+
+def status(name: str, namespace: str = DEFAULT_NAMESPACE, *, context: str | None = None,
+           kubeconfig: str | None = None, kube: "Kube | None" = None) -> "JobState":
+    """The job's normalized state (`.state`, `.progress`, ...); NotFound when there is none."""
+    from submitter.cluster import status as job_status
+
+    return job_status(_kube(kube, context, kubeconfig), namespace, name)
+
+
+def watch(name: str, namespace: str = DEFAULT_NAMESPACE, *, timeout: float | None = None,
+          context: str | None = None, kubeconfig: str | None = None,
+          kube: "Kube | None" = None) -> Iterator["JobState"]:
+    """Yield the job's state at every change (status or training event) until it is terminal;
+    the last state yielded is the final one (`.terminal`, `.exit_code`). A failed job is a state,
+    not an exception; `timeout` elapsing raises WatchTimeout (the job keeps running). Closing the
+    generator early stops watching."""
+    from submitter.cluster import job_names
+    from submitter.watch import follow
+
+    client = _kube(kube, context, kubeconfig)
+    states: "queue.Queue[tuple[str, Any]]" = queue.Queue()
+    sink = _QueueSink(states)
+
+    def run() -> None:
+        try:
+            states.put(("final", follow(client, namespace, name, job_names(name, namespace)["progress"],
+                                        sink, timeout=timeout, warn=lambda text: None)))
+        except BaseException as e:  # noqa: BLE001 - handed to the consumer's thread
+            states.put(("error", e))
+
+    threading.Thread(target=run, name=f"submitter-watch-{name}", daemon=True).start()
+    last: Any = None
+    while True:
+        kind, value = states.get()
+        if kind == "error":
+            raise value
+        if kind == "final":
+            if last is None or value != last:
+                yield value
+            return
+        if value != last:
+            last = value
+            yield value
+
+
+class _QueueSink:
+    """A watch sink that hands every state to the generator's thread."""
+
+    def __init__(self, states: "queue.Queue[tuple[str, Any]]") -> None:
+        self.states = states
+
+    def status(self, state: "JobState") -> None:
+        self.states.put(("state", state))
+
+    def event(self, event: dict[str, Any], state: "JobState") -> None:
+        self.states.put(("state", state))
+
+    def done(self, state: "JobState") -> None:
+        pass  # follow's return value is the final state
+
+
+def delete(name: str, namespace: str = DEFAULT_NAMESPACE, *, delete_pvc: str | None = None,
+           context: str | None = None, kubeconfig: str | None = None,
+           kube: "Kube | None" = None) -> str:
+    """Delete the job's RayJob, RBAC and progress ConfigMap (the PVC only when named); returns
+    the report the CLI prints."""
+    from submitter.cluster import delete_job
+
+    out = io.StringIO()
+    delete_job(_kube(kube, context, kubeconfig), namespace, name, delete_pvc=delete_pvc, out=out)
+    return out.getvalue()
+
+
+def resume(name: str, namespace: str = DEFAULT_NAMESPACE, *, context: str | None = None,
+           kubeconfig: str | None = None, kube: "Kube | None" = None) -> str:
+    """Start a new attempt of a finished job from its last checkpoint; returns the report."""
+    from submitter.cluster import resume_job
+
+    out = io.StringIO()
+    resume_job(_kube(kube, context, kubeconfig), namespace, name, out=out)
+    return out.getvalue()
+
+
+def report(name: str, *, storage_path: str | None = None, namespace: str = DEFAULT_NAMESPACE,
+           out_dir: str = ".", context: str | None = None, kubeconfig: str | None = None,
+           kube: "Kube | None" = None) -> Any:
+    """Write `<name>.png` and `<name>.html` (loss curves, tokens/s, restarts, checkpoints,
+    settings) from a local run directory or the cluster job's progress ConfigMap."""
+    from submitter import report as report_module
+
+    if storage_path is not None:
+        run = report_module.from_run_dir(storage_path, name)
+    else:
+        run = report_module.from_cluster(_kube(kube, context, kubeconfig), namespace, name)
+    return report_module.write(run, out_dir)
