@@ -251,3 +251,35 @@ def submit(local: bool, dry_run: str, watch_after: bool, output: str, kube_conte
     spec = build_spec(options, kube_context, kubeconfig)
     sys.exit(submit_job(spec, dry_run=dry_run, watch=watch_after, output=output,
                         context=kube_context, kubeconfig=kubeconfig, request_timeout=request_timeout()))
+
+
+@main.command()
+@click.argument("name")
+@click.option("--storage-path", metavar="PATH",
+              help="read the run from its directory under this storage path (a local run, or a "
+                   "mounted PVC); without it, from the cluster job's progress ConfigMap")
+@click.option("-n", "--namespace", default=None, help="namespace of the cluster job [default: default]")
+@cluster_options
+@click.option("--output-dir", default=".", show_default=True, metavar="DIR",
+              help="where NAME-report.png and NAME-report.html are written")
+def report(name: str, storage_path: str | None, namespace: str | None, output_dir: str,
+           kube_context: str | None, kubeconfig: str | None) -> None:
+    """Draw a run: train and validation loss against step, tokens/s, restarts and checkpoints
+    marked, as a PNG and a self-contained HTML page (with the run's settings and final metrics).
+
+    Needs matplotlib: pip install 'submitter[report]'.
+
+    \b
+    Examples:
+      submitter report gpt2-local --storage-path runs        # a `submit --local` run
+      submitter report gpt2-demo -n team-a                   # a cluster job (its ConfigMap)
+      submitter report gpt2-demo --output-dir reports/
+    """
+    from submitter import api
+    from submitter.report import need_matplotlib
+
+    JobSpec.build(name=name)  # the name is checked like everywhere else (exit 2)
+    need_matplotlib()  # before reading anything: exit 2 with the pip command
+    written = api.report(name, storage_path=storage_path, namespace=namespace or _DEFAULTS["namespace"],
+                         out_dir=output_dir, context=kube_context, kubeconfig=kubeconfig)
+    click.echo(f"wrote {written.png} and {written.html}")

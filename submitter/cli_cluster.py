@@ -83,6 +83,7 @@ def _objects_output(func: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _print_states(states: list, output: str, single: bool, *, namespaces: bool = False) -> None:
+    from submitter.event_text import eta_text
     from submitter.plan import to_yaml
     from submitter.state import table, utcnow
 
@@ -105,6 +106,9 @@ def _print_states(states: list, output: str, single: bool, *, namespaces: bool =
                     click.echo(f"blocked: {s.diagnosis}")
                 if s.stalled:
                     click.echo(f"warning: {s.stalled}")
+                eta = None if s.terminal else eta_text(s.progress, utcnow())
+                if eta:
+                    click.echo(eta)
 
 
 @click.command()

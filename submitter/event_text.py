@@ -37,3 +37,26 @@ def describe(event: Mapping[str, Any]) -> Optional[str]:
     if t == "run_finished":
         return "training finished"
     return None
+
+
+def duration(seconds: float) -> str:
+    """45s, 12m30s, 3h05m, 2d04h: short and exact enough for an ETA."""
+    s = int(round(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+
+
+def eta_text(progress: Any, now: Any = None) -> Optional[str]:
+    """`ETA 12m30s (step 120/1000 at 0.85 s/step)` from a ProgressState, None when unknown."""
+    from submitter.contract.events import eta_seconds
+
+    left = eta_seconds(progress, now)
+    if left is None:
+        return None
+    return (f"ETA {duration(left)} (step {progress.step}/{progress.total_steps} at "
+            f"{progress.seconds_per_step:.2f} s/step)")

@@ -1,0 +1,225 @@
+"""`submitter report NAME`: the run as a picture (PNG) and a self-contained HTML page.
+
+The data comes from where the run keeps it: a local run directory's `events.jsonl` (every event)
+or a cluster job's progress ConfigMap (its bounded curve of the whole run, `curve.json`, plus
+the folded state; the job's settings from the RayJob's job document). Both become one `RunData`
+and the same figure: train and validation loss against step, tokens/s, restarts and checkpoints
+marked. matplotlib (the `report` extra) is imported only here, with the Agg backend (no display).
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from submitter.contract import events as ev
+from submitter.contract import naming
+from submitter.contract.errors import NotFound, UsageError
+
+#: The PNG's size in pixels (FIGSIZE inches x DPI).
+FIGSIZE, DPI = (10.0, 7.0), 100
+PIP_HINT = "pip install 'submitter[report]'"
+
+
+@dataclass(frozen=True)
+class RunData:
+    """Everything a report shows about one run."""
+
+    name: str
+    source: str  # where it was read from, for the page
+    curve: dict[str, Any]
+    state: ev.ProgressState
+    settings: dict[str, Any] = field(default_factory=dict)
+    facts: dict[str, Any] = field(default_factory=dict)  # run_started's (model, params, data...)
+
+
+# --- sources ------------------------------------------------------------------------------------
+
+def events_file(storage_path: str, name: str) -> Path:
+    """The run's events.jsonl: `<storage>/<name>/`, or STORAGE is the run directory itself, or
+    one level deeper (a run directory that also names the namespace or the run's identity)."""
+    root = Path(storage_path).expanduser()
+    candidates = [root / name / naming.EVENTS_FILE, root / naming.EVENTS_FILE]
+    candidates += sorted(root.glob(f"*/{name}/{naming.EVENTS_FILE}"))
+    candidates += sorted(root.glob(f"{name}*/{naming.EVENTS_FILE}"))
+    for path in candidates:
+        if path.is_file():
+            return path
+    raise NotFound(f"no {naming.EVENTS_FILE} for run {name} under {storage_path}; give the "
+                   "--storage-path the run used (its run directory is <storage-path>/<name>)")
+
+
+def from_events(name: str, source: str, events: list[Mapping[str, Any]],
+                settings: Mapping[str, Any] | None = None) -> RunData:
+    started = next((e for e in reversed(events) if e.get("type") == "run_started"), {})
+    facts = {k: v for k, v in started.items() if k not in ("v", "type", "time", "seq")}
+    return RunData(name, source, ev.curve_fold(list(events)), ev.fold(list(events)),
+                   dict(settings or {}), facts)
+
+
+def from_run_dir(storage_path: str, name: str) -> RunData:
+    path = events_file(storage_path, name)
+    try:
+        text = path.read_text(errors="replace")
+    except OSError as e:
+        raise UsageError(f"cannot read {path}: {e.strerror}") from None
+    return from_events(name, str(path), ev.parse_lines(text))
+
+
+def from_configmap(name: str, namespace: str, configmap: Mapping[str, Any] | None,
+                   rayjob: Mapping[str, Any] | None) -> RunData:
+    """A cluster job's report data (pure): the ConfigMap's curve (else its recent events) and
+    state, and the settings from the RayJob's job document when the RayJob still exists."""
+    from submitter.state import configmap_events, progress_from_configmap
+
+    data = (configmap or {}).get("data") or {}
+    recent = configmap_events(configmap)
+    curve = ev.parse_curve(data.get(ev.CURVE_KEY)) or ev.curve_fold(recent)
+    settings: dict[str, Any] = {}
+    if rayjob is not None:
+        from submitter.jobfile import _head_env
+
+        document = _head_env(rayjob).get(naming.ENV_JOB)
+        try:
+            settings = json.loads(document) if isinstance(document, str) else {}
+        except ValueError:
+            settings = {}
+    started = next((e for e in reversed(recent) if e.get("type") == "run_started"), {})
+    facts = {k: v for k, v in started.items() if k not in ("v", "type", "time", "seq")}
+    return RunData(name, f"configmap {namespace}/{name}-progress", curve,
+                   progress_from_configmap(configmap), settings if isinstance(settings, dict) else {},
+                   facts)
+
+
+def from_cluster(kube: Any, namespace: str, name: str) -> RunData:
+    names = naming.object_names(name)
+    configmap = kube.find("ConfigMap", namespace, names["progress"])
+    if configmap is None:
+        raise NotFound(f"no progress ConfigMap {names['progress']} in namespace {namespace}; "
+                       f"for a local run give --storage-path")
+    return from_configmap(name, namespace, configmap, kube.find("RayJob", namespace, name))
+
+
+# --- output -------------------------------------------------------------------------------------
+
+def need_matplotlib() -> Any:
+    """matplotlib.pyplot with the Agg backend, or UsageError (exit 2) with the pip command."""
+    try:
+        import matplotlib
+    except ImportError:
+        raise UsageError(f"submitter report needs matplotlib: {PIP_HINT}") from None
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def figure_png(run: RunData) -> bytes:
+    """The report figure as PNG bytes: loss (train, validation) and tokens/s against step."""
+    import io
+
+    plt = need_matplotlib()
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=FIGSIZE, dpi=DPI, sharex=True,
+                                      gridspec_kw={"height_ratios": [2, 1]})
+    points = [p for p in ev.curve_points(run.curve) if isinstance(p[0], (int, float))]
+    loss = [(p[0], p[1]) for p in points if isinstance(p[1], (int, float))]
+    tps = [(p[0], p[2]) for p in points if isinstance(p[2], (int, float))]
+    val = [(v[0], v[3]) for v in run.curve.get("val") or [] if isinstance(v[0], (int, float))
+           and isinstance(v[3], (int, float))]
+    if loss:
+        top.plot(*zip(*loss), label="train loss", color="tab:blue", linewidth=1.2)
+    if val:
+        top.plot(*zip(*val), label="validation loss", color="tab:orange", marker="o")
+    if tps:
+        bottom.plot(*zip(*tps), color="tab:green", linewidth=1.0)
+    for i, (step, _epoch) in enumerate(_marks(run.curve.get("checkpoints"))):
+        for ax in (top, bottom):
+            ax.axvline(step, color="tab:gray", linestyle=":", linewidth=1,
+                       label="checkpoint" if i == 0 and ax is top else None)
+    for i, (step, _attempt) in enumerate(_marks(run.curve.get("restarts"))):
+        for ax in (top, bottom):
+            ax.axvline(step, color="tab:red", linestyle="--", linewidth=1.2,
+                       label="worker-group restart" if i == 0 and ax is top else None)
+    if not points and not val:
+        top.text(0.5, 0.5, "no progress reported yet", ha="center", va="center",
+                 transform=top.transAxes)
+    top.set_title(f"{run.name}: {run.state.status}")
+    top.set_ylabel("loss")
+    bottom.set_ylabel("tokens/s")
+    bottom.set_xlabel("step")
+    if top.get_legend_handles_labels()[0]:
+        top.legend(loc="upper right")
+    for ax in (top, bottom):
+        ax.grid(alpha=0.3)
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=DPI)  # no bbox "tight": the size stays FIGSIZE x DPI
+    plt.close(fig)
+    return buffer.getvalue()
+
+
+def _marks(points: Any) -> list[tuple[Any, Any]]:
+    return [(p[0], p[1]) for p in points or [] if isinstance(p, list) and len(p) >= 2
+            and isinstance(p[0], (int, float))]
+
+
+def final_metrics(run: RunData) -> dict[str, Any]:
+    s = run.state
+    out = {"status": s.status, "epoch": s.epoch, "step": s.step, "loss": s.loss,
+           "train_loss": s.train_loss, "val_loss": s.val_loss, "tokens_per_sec": s.tokens_per_sec,
+           "checkpoints": s.checkpoints, "restarts": s.restarts, "last_checkpoint": s.last_checkpoint,
+           "error": s.error}
+    out.update({k: v for k, v in s.metrics.items() if k not in out or v is not None})
+    return {k: v for k, v in out.items() if v is not None}
+
+
+def page(run: RunData, png: bytes) -> str:
+    """A self-contained HTML page: the figure inline (base64), the final metrics and settings.
+    No scripts, no stylesheets or images from elsewhere: it opens offline and in a mail."""
+    def table(rows: Mapping[str, Any]) -> str:
+        cells = "".join(f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(_show(v))}</td></tr>"
+                        for k, v in rows.items())
+        return f"<table>{cells}</table>" if cells else "<p>none recorded</p>"
+
+    image = base64.b64encode(png).decode("ascii")
+    title = html.escape(f"submitter report: {run.name}")
+    return (
+        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+        f"<title>{title}</title><style>body{{font-family:sans-serif;margin:2em;max-width:70em}}"
+        "table{border-collapse:collapse}th,td{border:1px solid #ccc;padding:.2em .6em;"
+        "text-align:left;font-family:monospace}</style></head><body>\n"
+        f"<h1>{title}</h1><p>from {html.escape(run.source)}</p>\n"
+        f"<img alt=\"loss and tokens/s against step\" src=\"data:image/png;base64,{image}\">\n"
+        f"<h2>Final metrics</h2>{table(final_metrics(run))}\n"
+        f"<h2>Run</h2>{table(run.facts)}\n"
+        f"<h2>Settings</h2>{table(run.settings)}\n</body></html>\n")
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    return value if isinstance(value, str) else json.dumps(value, sort_keys=True)
+
+
+@dataclass(frozen=True)
+class Written:
+    png: Path
+    html: Path
+
+
+def write(run: RunData, out_dir: str | os.PathLike[str] = ".") -> Written:
+    """Write `<name>-report.png` and `<name>-report.html` into `out_dir` (created if needed)."""
+    png = figure_png(run)
+    root = Path(out_dir)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        png_path, html_path = root / f"{run.name}-report.png", root / f"{run.name}-report.html"
+        png_path.write_bytes(png)
+        html_path.write_text(page(run, png), encoding="utf-8")
+    except OSError as e:
+        raise UsageError(f"cannot write the report into {out_dir}: {e.strerror}") from None
+    return Written(png_path, html_path)

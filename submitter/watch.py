@@ -411,7 +411,8 @@ class TextLines:
                     f"{state.deployment_status or '-'}){': ' + extra if extra else ''}")
 
     def event(self, event: dict[str, Any], state: JobState) -> None:
-        self._write(f"{state.name} {describe(event)}")
+        eta = eta_text(state.progress, utcnow()) if event.get("type") == "progress" else None
+        self._write(f"{state.name} {describe(event)}{'  ' + eta if eta else ''}")
 
     def done(self, state: JobState) -> None:
         self._write(f"{state.name} finished: {state.state}")
@@ -439,8 +440,9 @@ class Live:
         for column, value in zip(COLUMNS[1:], row(state, utcnow())[1:]):
             table.add_row(column, value)
         lines = [table]
+        eta = eta_text(state.progress, utcnow())
         detail = " · ".join(x for x in (state.reason, state.message, state.note, state.why,
-                                        self._last_event) if x)
+                                        self._last_event, eta) if x)
         if detail:
             lines.append(detail)  # type: ignore[arg-type]
         return Group(*lines)
@@ -464,6 +466,12 @@ def make_sink(output: str, out: TextIO | None = None) -> Sink:
     if out.isatty():
         return Live(out)
     return TextLines(out)
+
+
+def eta_text(progress: Any, now: Any) -> str | None:
+    from submitter.event_text import eta_text as text
+
+    return text(progress, now)
 
 
 def describe(event: dict[str, Any]) -> str:

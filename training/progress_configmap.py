@@ -41,6 +41,8 @@ class ConfigMapSink:
         self._warned: set[str] = set()
         self._clock = clock
         self._paused_until = float("-inf")
+        #: The whole run's curve, downsampled (the events key keeps only the last events).
+        self._curve: dict[str, Any] = ev.empty_curve()
 
     def api(self) -> Any:
         if self._api is None:
@@ -59,23 +61,28 @@ class ConfigMapSink:
     def continue_from(self, history: list[Mapping[str, Any]]) -> None:
         """Keep the run's earlier events: a new driver's first patch must not drop them."""
         self._recent.extend(ev.to_json(e) for e in history[-naming.CONFIGMAP_MAX_EVENTS:])
+        self._curve = ev.curve_fold(history, self._curve)  # events the stored curve lacks
 
     def read(self) -> list[dict[str, Any]]:
         """The events the ConfigMap already holds (to continue seq without a shared file)."""
         try:
             cm = self.api().read_namespaced_config_map(self.name, self.namespace,
                                                        _request_timeout=API_TIMEOUT)
-            return ev.parse_lines((cm.data or {}).get(naming.CONFIGMAP_EVENTS_KEY, ""))
+            data = cm.data or {}
+            self._curve = ev.parse_curve(data.get(ev.CURVE_KEY)) or self._curve
+            return ev.parse_lines(data.get(naming.CONFIGMAP_EVENTS_KEY, ""))
         except Exception as e:  # noqa: BLE001 - best effort
             self._warn(e)
             return []
 
     def write(self, event: Mapping[str, Any], state: ev.ProgressState) -> None:
         self._recent.append(ev.to_json(event))
+        self._curve = ev.curve_apply(self._curve, event)
         if self._clock() < self._paused_until and event.get("type") not in _ALWAYS_TRY:
             return
         body = {"data": {naming.CONFIGMAP_STATE_KEY: json.dumps(state.to_dict(), sort_keys=True),
-                         naming.CONFIGMAP_EVENTS_KEY: "\n".join(self._recent) + "\n"}}
+                         naming.CONFIGMAP_EVENTS_KEY: "\n".join(self._recent) + "\n",
+                         ev.CURVE_KEY: json.dumps(self._curve, separators=(",", ":"))}}
         try:
             self.api().patch_namespaced_config_map(self.name, self.namespace, body,
                                                    _request_timeout=API_TIMEOUT)

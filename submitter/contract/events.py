@@ -119,6 +119,13 @@ class ProgressState:
     last_seq: int | None = None
     updated: str | None = None
     metrics: dict[str, Any] = field(default_factory=dict)
+    #: epochs x steps_per_epoch from run_started (None: unknown), for the ETA.
+    total_steps: int | None = None
+    #: The step cadence: seconds per optimizer step, smoothed over progress events of one
+    #: worker-group start (a restart's downtime is not a step), and the last (step, time) seen.
+    seconds_per_step: float | None = None
+    cadence_step: int | None = None
+    cadence_time: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -137,10 +144,11 @@ def apply(state: ProgressState, event: Mapping[str, Any]) -> ProgressState:
     etype = e.get("type")
     if etype == "run_started":
         return replace(state, status="running", run_name=e["run_name"],
-                       num_workers=e["num_workers"], error=None, **common)
+                       num_workers=e["num_workers"], error=None, total_steps=_total_steps(e),
+                       cadence_step=None, cadence_time=None, **common)
     if etype == "progress":
         return replace(state, status="running", epoch=e["epoch"], step=e["step"], loss=e["loss"],
-                       tokens_per_sec=e["tokens_per_sec"], lr=e["lr"], **common)
+                       tokens_per_sec=e["tokens_per_sec"], lr=e["lr"], **_cadence(state, e), **common)
     if etype == "epoch_finished":
         return replace(state, epoch=e["epoch"], train_loss=e["train_loss"],
                        val_loss=e["val_loss"], tokens_per_sec=e["tokens_per_sec"], **common)
@@ -149,10 +157,11 @@ def apply(state: ProgressState, event: Mapping[str, Any]) -> ProgressState:
                        **common)
     if etype == "worker_group_restarted":
         return replace(state, status="running", restarts=max(state.restarts, int(e["attempt"])),
-                       resumed_from=e["resumed_from"], **common)
+                       resumed_from=e["resumed_from"], cadence_step=None, cadence_time=None,
+                       **common)
     if etype == "run_resumed":
         return replace(state, status="running", resumed_from=e["resumed_from"], epoch=e["epoch"],
-                       step=e["step"], **common)
+                       step=e["step"], cadence_step=None, cadence_time=None, **common)
     if etype == "run_finished":
         metrics = {k: v for k, v in e.items() if k not in ("v", "type", "time", "seq")}
         return replace(state, status="finished", metrics=metrics, **common)
@@ -166,3 +175,140 @@ def fold(events: list[Mapping[str, Any]], state: ProgressState | None = None) ->
     for event in events:
         state = apply(state, event)
     return state
+
+
+# --- ETA: from the run's own step cadence -----------------------------------------------------
+
+#: Weight of the newest interval in the smoothed seconds per step.
+CADENCE_WEIGHT = 0.3
+
+
+def parse_time(text: Any) -> datetime | None:
+    """An event's `time` (ISO 8601, `Z`) as an aware datetime; None if it is not one."""
+    if not isinstance(text, str):
+        return None
+    try:
+        value = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return value if value.tzinfo is not None else value.replace(tzinfo=timezone.utc)
+
+
+def _total_steps(e: Mapping[str, Any]) -> int | None:
+    epochs, per_epoch = e.get("epochs"), e.get("steps_per_epoch")
+    if isinstance(epochs, int) and isinstance(per_epoch, int) and epochs > 0 and per_epoch > 0:
+        return epochs * per_epoch
+    return None
+
+
+def _cadence(state: ProgressState, e: Mapping[str, Any]) -> dict[str, Any]:
+    """The cadence fields after a progress event (pure)."""
+    step, when = e.get("step"), e.get("time")
+    out: dict[str, Any] = {"cadence_step": step, "cadence_time": when}
+    then, now = parse_time(state.cadence_time), parse_time(when)
+    if (isinstance(step, int) and isinstance(state.cadence_step, int) and step > state.cadence_step
+            and then is not None and now is not None and now > then):
+        interval = (now - then).total_seconds() / (step - state.cadence_step)
+        old = state.seconds_per_step
+        out["seconds_per_step"] = interval if old is None else \
+            (1 - CADENCE_WEIGHT) * old + CADENCE_WEIGHT * interval
+    return out
+
+
+def eta_seconds(state: ProgressState, now: datetime | None = None) -> float | None:
+    """Seconds until the last step at the run's cadence (None: unknown or not running). With
+    `now`, the time since the last progress event is already spent."""
+    if (state.status != "running" or state.total_steps is None or state.step is None
+            or state.seconds_per_step is None):
+        return None
+    left = max(0, state.total_steps - state.step) * state.seconds_per_step
+    last = parse_time(state.cadence_time)
+    if now is not None and last is not None:
+        left -= max(0.0, (now - last).total_seconds())
+    return max(0.0, left)
+
+
+# --- the curve: a bounded, downsampled record of the whole run ----------------------------------
+# The progress ConfigMap keeps only the last events; the curve keeps the whole run in at most
+# CURVE_MAX_POINTS points per series, so `submitter report` can draw it from a cluster job.
+
+CURVE_MAX_POINTS = 500
+#: Key of the curve (JSON) in the progress ConfigMap.
+CURVE_KEY = "curve.json"
+
+
+def empty_curve() -> dict[str, Any]:
+    """progress: [step, loss, tokens_per_sec]; val: [step, epoch, train_loss, val_loss];
+    checkpoints: [step, epoch]; restarts: [step, attempt]; `stride`: every how many progress
+    events one is kept (doubles whenever the series is halved); `last`: the newest progress
+    point, always kept."""
+    return {"v": 1, "stride": 1, "seen": 0, "progress": [], "val": [], "checkpoints": [],
+            "restarts": [], "last": None, "step": None, "seq": None}
+
+
+def curve_apply(curve: Mapping[str, Any], event: Mapping[str, Any],
+                max_points: int = CURVE_MAX_POINTS) -> dict[str, Any]:
+    """Fold one event into the curve (pure: returns a new curve, bounded by `max_points`)."""
+    out = {k: (list(v) if isinstance(v, list) else v) for k, v in curve.items()}
+    seq = event.get("seq")
+    if isinstance(seq, int):
+        if isinstance(out.get("seq"), int) and seq <= out["seq"]:
+            return out  # already folded (a new driver continues from the ConfigMap's curve)
+        out["seq"] = seq
+    etype, step = event.get("type"), event.get("step")
+    if isinstance(step, int):
+        out["step"] = step
+    where = out.get("step")
+    if etype == "progress":
+        point = [step, event.get("loss"), event.get("tokens_per_sec")]
+        out["last"] = point
+        if out["seen"] % out["stride"] == 0:
+            out["progress"].append(point)
+            if len(out["progress"]) > max_points:
+                out["progress"] = out["progress"][::2]
+                out["stride"] *= 2
+        out["seen"] += 1
+    elif etype == "epoch_finished":
+        out["val"] = _bounded(out["val"] + [[where, event.get("epoch"), event.get("train_loss"),
+                                             event.get("val_loss")]], max_points)
+    elif etype == "checkpoint_saved":
+        out["checkpoints"] = _bounded(out["checkpoints"] + [[where, event.get("epoch")]], max_points)
+    elif etype == "worker_group_restarted":
+        out["restarts"] = _bounded(out["restarts"] + [[where, event.get("attempt")]], max_points)
+    return out
+
+
+def _bounded(points: list[Any], max_points: int) -> list[Any]:
+    return points if len(points) <= max_points else points[:1] + points[1:][::2]
+
+
+def curve_fold(events: list[Mapping[str, Any]], curve: Mapping[str, Any] | None = None,
+               max_points: int = CURVE_MAX_POINTS) -> dict[str, Any]:
+    out = dict(curve) if curve is not None else empty_curve()
+    for event in events:
+        out = curve_apply(out, event, max_points)
+    return out
+
+
+def curve_points(curve: Mapping[str, Any]) -> list[list[Any]]:
+    """The progress series with the newest point at its end (what a plot draws)."""
+    points = list(curve.get("progress") or [])
+    last = curve.get("last")
+    if last is not None and (not points or points[-1] != last):
+        points.append(last)
+    return points
+
+
+def parse_curve(text: Any) -> dict[str, Any] | None:
+    """A curve from its JSON text (None when absent or not a curve of this version)."""
+    try:
+        data = json.loads(text) if isinstance(text, str) else None
+    except ValueError:
+        return None
+    if not isinstance(data, dict) or data.get("v") != 1:
+        return None
+    base = empty_curve()
+    for key, default in base.items():
+        if type(data.get(key, default)) is not type(default) and default is not None:
+            return None
+    return {**base, **{k: data[k] for k in base if k in data}}

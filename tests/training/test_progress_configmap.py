@@ -70,7 +70,10 @@ def test_the_rendered_configmap_gets_the_state_and_the_last_events(api, kube):
     live = kube.get("ConfigMap", NAMESPACE, PROGRESS)
     assert live["metadata"]["labels"] == rendered["metadata"]["labels"]  # a patch, not a replace
     data = live["data"]
-    assert set(data) == {naming.CONFIGMAP_STATE_KEY, naming.CONFIGMAP_EVENTS_KEY}
+    assert set(data) == {naming.CONFIGMAP_STATE_KEY, naming.CONFIGMAP_EVENTS_KEY, ev.CURVE_KEY}
+    curve = ev.parse_curve(data[ev.CURVE_KEY])  # the whole run, beyond the last events
+    assert [p[0] for p in ev.curve_points(curve)] == list(range(1, naming.CONFIGMAP_MAX_EVENTS + 6))
+    assert curve["checkpoints"] == [[naming.CONFIGMAP_MAX_EVENTS + 5, 1]]
     assert ev.ProgressState.from_dict(json.loads(data[naming.CONFIGMAP_STATE_KEY])) == em.state
     recent = ev.parse_lines(data[naming.CONFIGMAP_EVENTS_KEY])
     assert len(data[naming.CONFIGMAP_EVENTS_KEY].splitlines()) == len(recent) == naming.CONFIGMAP_MAX_EVENTS
@@ -102,6 +105,8 @@ def test_a_new_driver_without_a_run_dir_continues_seq_from_the_configmap(api, ku
 
     held = configmap_events(kube.get("ConfigMap", NAMESPACE, PROGRESS))
     assert [e["seq"] for e in held] == [1, 2, 3, 4, 5]  # the earlier session's events are kept
+    curve = ev.parse_curve(data_of(kube)[ev.CURVE_KEY])  # ...and the curve continues, no duplicates
+    assert (curve["progress"], curve["checkpoints"], curve["seq"]) == ([[10, 2.9, 40000.0]], [[10, 1]], 5)
     assert json.loads(data_of(kube)[naming.CONFIGMAP_STATE_KEY])["status"] == "finished"
 
 
