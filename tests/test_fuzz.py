@@ -246,6 +246,7 @@ def test_fuzz_cli_render_with_random_flags():
         except UsageError:
             want = None
         assert "Traceback" not in result.output
+        OUTCOMES["refused" if want is None else "rendered"] += 1
         if want is None:
             assert result.exit_code == 2, (argv, result.output)
             assert isinstance(result.exception, SystemExit)
