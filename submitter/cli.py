@@ -220,6 +220,50 @@ def render(output: str | None, output_dir: str | None, helm_values: bool, **opti
 
 @main.command(cls=GroupedCommand)
 @spec_options
+@click.argument("path", default="job.yaml", metavar="[FILE]")
+@click.option("--force", is_flag=True, help="overwrite FILE if it exists")
+def init(path: str, force: bool, **options: Any) -> None:
+    """Write a job file (default: job.yaml) with every setting, its help and its default, for
+    the flags given; `render -f FILE` / `submit -f FILE` read it back to the same job.
+
+    \b
+    Examples:
+      submitter init --name gpt2-demo --replicas 8 --gpu-per-pod 1      # writes job.yaml
+      submitter init --name gpt2-demo gpt2-demo.yaml
+      submitter init -f old.yaml --epochs 4 new.yaml                    # an edited copy
+      submitter init --name gpt2-demo -                                 # to stdout
+    """
+    import os
+
+    from submitter.jobfile import dump
+
+    spec = build_spec(options)
+    render_plan_checked(spec)
+    text = dump(spec)
+    if path == "-":
+        click.echo(text, nl=False)
+        return
+    flags = os.O_WRONLY | os.O_CREAT | (os.O_TRUNC if force else os.O_EXCL)
+    try:
+        fd = os.open(path, flags, 0o644)
+    except FileExistsError:
+        raise UsageError(f"{path} exists; choose another FILE or add --force to overwrite it") from None
+    except OSError as e:
+        raise UsageError(f"cannot write {path}: {e.strerror}") from None
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        fh.write(text)
+    click.echo(f"wrote {path}: edit it, then: submitter submit -f {path}", err=True)
+
+
+def render_plan_checked(spec: JobSpec) -> None:
+    """Apply render's checks (the storage policy) so a job file that cannot render is not written."""
+    from submitter.api import render as render_plan
+
+    render_plan(spec)
+
+
+@main.command(cls=GroupedCommand)
+@spec_options
 @cluster_options
 @click.option("--local", is_flag=True,
               help="run the pod's command (python -m training) here, on an embedded Ray with "

@@ -19,7 +19,7 @@ from submitter.contract.spec import GROUPS, JobSpec
 OTHER_GROUPS = {
     "job_file": "job",
     "local": "submit", "dry_run": "submit", "watch_after": "submit",
-    "output": "output", "output_dir": "output", "helm_values": "output",
+    "output": "output", "output_dir": "output", "helm_values": "output", "force": "output",
     "kube_context": "cluster", "kubeconfig": "cluster", "namespace": "cluster",
 }
 #: Sections after the JobSpec groups, in this order.

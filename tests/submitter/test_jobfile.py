@@ -182,3 +182,18 @@ def _flags_to_values(argv: list[str]) -> dict:
             out[name] = argv[i + 1]
         i += 2
     return out
+
+
+def test_init_writes_a_job_file_that_reads_back_and_never_overwrites(runner, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    result = runner.invoke(main, ["init", *SAMPLE])
+    assert result.exit_code == 0, result.output
+    text = (tmp_path / "job.yaml").read_text()
+    assert text == runner.invoke(main, ["render", *SAMPLE, "-o", "jobfile"]).stdout
+    again = runner.invoke(main, ["init", "--name", "other"])
+    assert again.exit_code == 2 and "--force" in again.stderr
+    assert (tmp_path / "job.yaml").read_text() == text  # nothing the user made is overwritten
+    assert runner.invoke(main, ["init", "--name", "other", "--force"]).exit_code == 0
+    assert yaml.safe_load((tmp_path / "job.yaml").read_text())["name"] == "other"
+    bad = runner.invoke(main, ["init", "--name", "j", "--storage-path", "/tmp/x", "bad.yaml"])
+    assert bad.exit_code == 2 and not (tmp_path / "bad.yaml").exists()
