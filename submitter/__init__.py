@@ -21,7 +21,6 @@ and `submitter.watch(name)` are the API functions whichever was imported first.
 from __future__ import annotations
 
 import importlib
-from typing import Any
 
 __version__ = "0.1.0"
 
@@ -48,7 +47,7 @@ _CALLABLE_MODULES = ("render", "watch")
 __all__ = ["__version__", *_EXPORTS, *_CALLABLE_MODULES]
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> object:
     if name in _CALLABLE_MODULES:
         return importlib.import_module(f"submitter.{name}")
     if name in _EXPORTS:

@@ -16,8 +16,6 @@ input, `ClusterError` and its subclasses for the API server, `WatchTimeout`), ne
 from __future__ import annotations
 
 import io
-import queue
-import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterator
 
@@ -84,6 +82,9 @@ def watch(name: str, namespace: str = DEFAULT_NAMESPACE, *, timeout: float | Non
     the last state yielded is the final one (`.terminal`, `.exit_code`). A failed job is a state,
     not an exception; `timeout` elapsing raises WatchTimeout (the job keeps running). Closing the
     generator early stops watching."""
+    import queue
+    import threading
+
     from submitter.cluster import job_names
     from submitter.watch import follow
 
@@ -116,7 +117,7 @@ def watch(name: str, namespace: str = DEFAULT_NAMESPACE, *, timeout: float | Non
 class _QueueSink:
     """A watch sink that hands every state to the generator's thread."""
 
-    def __init__(self, states: "queue.Queue[tuple[str, Any]]") -> None:
+    def __init__(self, states: Any) -> None:
         self.states = states
 
     def status(self, state: "JobState") -> None:

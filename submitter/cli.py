@@ -147,7 +147,10 @@ RENDER_OUTPUTS = ("yaml", "json", "jobfile")
 def render_target(output: str | None, output_dir: str | None, helm_values: bool) -> tuple[str, str | None]:
     """(kind, directory) of render's output: "yaml" | "json" | "jobfile" | "dir". Only the
     documented spellings: `-o yml` or `-o JSON` must not quietly become a directory."""
-    from submitter.jobfile import cut
+    def cut(text: str, limit: int) -> str:
+        from submitter.jobfile import cut as cut_text
+
+        return cut_text(text, limit)
 
     if output_dir is not None:
         if output is not None:

@@ -133,10 +133,31 @@ def _keys(obj: Any, out: set[str]) -> set[str]:
 
 
 def _rich_specs() -> list[JobSpec]:
-    base = {"name": "j", "env": {"A": "1"}, "storage_class": "nfs", "active_deadline_seconds": 5,
-            "gpu_per_pod": 1, "fsdp": True}
-    variants = [{}, {"storage_path": "s3://b/r"}, {"existing_pvc": "p"}, {"gpu_per_pod": 0, "fsdp": False}]
-    return [JobSpec.build({**base, **v}) for v in variants]
+    """Specs that switch every optional part of the templates on: each setting's sample alone
+    (tests/test_settings.py, as that test builds them) and all of them at once."""
+    from tests.test_settings import NEEDS, SAMPLES
+
+    specs = [JobSpec.build({"name": "j"})]
+    for name, value in SAMPLES.items():
+        specs.append(JobSpec.build({"name": "j", **NEEDS.get(name, {}), name: value}))
+    try:
+        specs.append(JobSpec.build({**SAMPLES, "name": "j"}))
+    except UsageError:
+        pass
+    return [s for s in specs if _renders(s)]
+
+
+def _renders(spec: JobSpec) -> bool:
+    try:
+        render(spec)
+    except UsageError:
+        return False
+    return True
+
+
+def _user_keys(spec: JobSpec) -> set[str]:
+    """Keys the user chose (env names, and the keys of any mapping setting): data, not structure."""
+    return {k for v in spec.to_dict().values() if isinstance(v, dict) for k in v}
 
 
 #: Every key the templates write (over specs that switch every optional part on or off), plus
@@ -155,7 +176,7 @@ def check_render(spec: JobSpec) -> None:
     text = str(plan)
     parsed = list(yaml.load_all(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)))
     assert parsed == list(plan)  # the YAML text is the objects, nothing more
-    unknown = _keys(parsed, set()) - KNOWN_KEYS - set(spec.env)
+    unknown = _keys(parsed, set()) - KNOWN_KEYS - _user_keys(spec)
     assert not unknown, f"values became keys: {sorted(unknown)[:5]}"
     rayjob = next(o for o in parsed if o["kind"] == "RayJob")
     document = jobfile._head_env(rayjob)[naming.ENV_JOB]
