@@ -197,3 +197,14 @@ def test_init_writes_a_job_file_that_reads_back_and_never_overwrites(runner, tmp
     assert yaml.safe_load((tmp_path / "job.yaml").read_text())["name"] == "other"
     bad = runner.invoke(main, ["init", "--name", "j", "--storage-path", "/tmp/x", "bad.yaml"])
     assert bad.exit_code == 2 and not (tmp_path / "bad.yaml").exists()
+
+
+def test_a_megabyte_of_yaml_is_refused_quickly(runner, tmp_path):
+    lines, size = [], 0
+    while size < jobfile.MAX_BYTES - 100:
+        lines.append(f"k{len(lines)}: [a, b, c]\n")
+        size += len(lines[-1])
+    (tmp_path / "flat.yaml").write_text("".join(lines))
+    start = time.process_time()
+    refused(runner, tmp_path / "flat.yaml", "YAML nodes")
+    assert time.process_time() - start < 5  # (libyaml: a fifth of a second; pure Python: 6 s)
