@@ -208,3 +208,16 @@ def test_a_megabyte_of_yaml_is_refused_quickly(runner, tmp_path):
     start = time.process_time()
     refused(runner, tmp_path / "flat.yaml", "YAML nodes")
     assert time.process_time() - start < 5  # (libyaml: a fifth of a second; pure Python: 6 s)
+
+
+def test_every_settings_sample_round_trips_through_a_job_file(tmp_path):
+    from tests.test_settings import NEEDS, SAMPLES
+
+    path = tmp_path / "job.yaml"
+    for name, value in SAMPLES.items():
+        spec = JobSpec.build({"name": "j", **NEEDS.get(name, {}), name: value})
+        path.write_text(jobfile.dump(spec))
+        assert JobSpec.build(jobfile.load(str(path))) == spec, name
+        rendered = tmp_path / "rendered.yaml"
+        rendered.write_text(str(render(spec)))  # render's own output reads back too
+        assert JobSpec.build(jobfile.load(str(rendered))) == spec, name
