@@ -20,8 +20,6 @@ and `submitter.watch(name)` are the API functions whichever was imported first.
 
 from __future__ import annotations
 
-import importlib
-
 __version__ = "0.1.0"
 
 #: Public name -> module that defines it.
@@ -48,6 +46,8 @@ __all__ = ["__version__", *_EXPORTS, *_CALLABLE_MODULES]
 
 
 def __getattr__(name: str) -> object:
+    import importlib  # here, not at the top: `submitter render` never needs it
+
     if name in _CALLABLE_MODULES:
         return importlib.import_module(f"submitter.{name}")
     if name in _EXPORTS:

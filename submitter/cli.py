@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable
 
@@ -27,8 +28,24 @@ _DEFAULTS = defaults()
 # --- shared options ------------------------------------------------------------------------
 
 def spec_options(func: Callable[..., Any]) -> Callable[..., Any]:
-    """Add `-f/--file` and one option per JobSpec field to a command."""
+    """Add `-f/--file` and one option per JobSpec field to a command.
+
+    The Option objects are built once and shared by render, submit and init (an Option holds
+    no per-command state): building ~70 of them per command was most of this module's import."""
+    params = getattr(func, "__click_params__", None)
+    if params is None:
+        params = func.__click_params__ = []  # type: ignore[attr-defined]
+    params.extend(_spec_params())
+    return func
+
+
+@lru_cache(maxsize=1)
+def _spec_params() -> tuple[click.Parameter, ...]:
+    """The options in click's decorator order (click reverses them when it builds the command)."""
+    def holder() -> None: ...
+
     types = field_types()
+    func: Any = holder
     for f in reversed(dataclasses.fields(JobSpec)):
         meta = f.metadata
         default = _DEFAULTS[f.name]
@@ -46,10 +63,11 @@ def spec_options(func: Callable[..., Any]) -> Callable[..., Any]:
                                metavar=meta["metavar"] or kind.__name__.upper(),
                                help=meta["help"] + shown)
         func = opt(func)
-    return click.option("-f", "--file", "job_file", metavar="FILE",
+    func = click.option("-f", "--file", "job_file", metavar="FILE",
                         help="job file (YAML, snake_case keys, `render -o jobfile` writes one), "
                              "a Helm values file, or `submitter render` output; flags override "
                              "it; - reads stdin")(func)
+    return tuple(func.__click_params__)
 
 
 def load_job_file(path: str | None) -> dict[str, Any]:
