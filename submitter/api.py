@@ -26,7 +26,15 @@ if TYPE_CHECKING:
     from submitter.plan import Plan
     from submitter.state import JobState
 
-DEFAULT_NAMESPACE = "default"
+
+
+def _namespace(namespace: str | None, context: str | None, kubeconfig: str | None) -> str:
+    """`namespace`, else the kubeconfig context's (kubectl's rule, as the commands use it)."""
+    if namespace is not None:
+        return namespace
+    from submitter.cli_options import default_namespace
+
+    return default_namespace(context, kubeconfig)
 
 
 def render(spec: JobSpec) -> "Plan":
@@ -67,15 +75,15 @@ def _kube(kube: "Kube | None", context: str | None, kubeconfig: str | None) -> "
     return Kube(context=context, kubeconfig=kubeconfig)
 
 
-def status(name: str, namespace: str = DEFAULT_NAMESPACE, *, context: str | None = None,
+def status(name: str, namespace: str | None = None, *, context: str | None = None,
            kubeconfig: str | None = None, kube: "Kube | None" = None) -> "JobState":
     """The job's normalized state (`.state`, `.progress`, ...); NotFound when there is none."""
     from submitter.cluster import status as job_status
 
-    return job_status(_kube(kube, context, kubeconfig), namespace, name)
+    return job_status(_kube(kube, context, kubeconfig), _namespace(namespace, context, kubeconfig), name)
 
 
-def watch(name: str, namespace: str = DEFAULT_NAMESPACE, *, timeout: float | None = None,
+def watch(name: str, namespace: str | None = None, *, timeout: float | None = None,
           context: str | None = None, kubeconfig: str | None = None,
           kube: "Kube | None" = None) -> Iterator["JobState"]:
     """Yield the job's state at every change (status or training event) until it is terminal;
@@ -89,6 +97,7 @@ def watch(name: str, namespace: str = DEFAULT_NAMESPACE, *, timeout: float | Non
     from submitter.watch import follow
 
     client = _kube(kube, context, kubeconfig)
+    namespace = _namespace(namespace, context, kubeconfig)
     states: "queue.Queue[tuple[str, Any]]" = queue.Queue()
     sink = _QueueSink(states)
 
@@ -130,7 +139,7 @@ class _QueueSink:
         pass  # follow's return value is the final state
 
 
-def delete(name: str, namespace: str = DEFAULT_NAMESPACE, *, delete_pvc: str | None = None,
+def delete(name: str, namespace: str | None = None, *, delete_pvc: str | None = None,
            context: str | None = None, kubeconfig: str | None = None,
            kube: "Kube | None" = None) -> str:
     """Delete the job's RayJob, RBAC and progress ConfigMap (the PVC only when named); returns
@@ -138,21 +147,23 @@ def delete(name: str, namespace: str = DEFAULT_NAMESPACE, *, delete_pvc: str | N
     from submitter.cluster import delete_job
 
     out = io.StringIO()
-    delete_job(_kube(kube, context, kubeconfig), namespace, name, delete_pvc=delete_pvc, out=out)
+    delete_job(_kube(kube, context, kubeconfig), _namespace(namespace, context, kubeconfig), name,
+               delete_pvc=delete_pvc, out=out)
     return out.getvalue()
 
 
-def resume(name: str, namespace: str = DEFAULT_NAMESPACE, *, context: str | None = None,
+def resume(name: str, namespace: str | None = None, *, context: str | None = None,
            kubeconfig: str | None = None, kube: "Kube | None" = None) -> str:
     """Start a new attempt of a finished job from its last checkpoint; returns the report."""
     from submitter.cluster import resume_job
 
     out = io.StringIO()
-    resume_job(_kube(kube, context, kubeconfig), namespace, name, out=out)
+    resume_job(_kube(kube, context, kubeconfig), _namespace(namespace, context, kubeconfig), name,
+               out=out)
     return out.getvalue()
 
 
-def report(name: str, *, storage_path: str | None = None, namespace: str = DEFAULT_NAMESPACE,
+def report(name: str, *, storage_path: str | None = None, namespace: str | None = None,
            out_dir: str = ".", context: str | None = None, kubeconfig: str | None = None,
            kube: "Kube | None" = None) -> Any:
     """Write `<name>.png` and `<name>.html` (loss curves, tokens/s, restarts, checkpoints,
@@ -162,5 +173,6 @@ def report(name: str, *, storage_path: str | None = None, namespace: str = DEFAU
     if storage_path is not None:
         run = report_module.from_run_dir(storage_path, name)
     else:
-        run = report_module.from_cluster(_kube(kube, context, kubeconfig), namespace, name)
+        run = report_module.from_cluster(_kube(kube, context, kubeconfig),
+                                         _namespace(namespace, context, kubeconfig), name)
     return report_module.write(run, out_dir)

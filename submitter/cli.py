@@ -318,12 +318,19 @@ def submit(local: bool, dry_run: str, watch_after: bool, output: str, kube_conte
                         context=kube_context, kubeconfig=kubeconfig, request_timeout=request_timeout()))
 
 
+def _complete_job_names(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[str]:
+    from submitter.cli_cluster import complete_job_names
+
+    return complete_job_names(ctx, param, incomplete)
+
+
 @main.command()
-@click.argument("name")
+@click.argument("name", shell_complete=_complete_job_names)
 @click.option("--storage-path", metavar="PATH",
               help="read the run from its directory under this storage path (a local run, or a "
                    "mounted PVC); without it, from the cluster job's progress ConfigMap")
-@click.option("-n", "--namespace", default=None, help="namespace of the cluster job [default: default]")
+@click.option("-n", "--namespace", default=None,
+              help="namespace of the cluster job [default: the kubeconfig context's, else default]")
 @cluster_options
 @click.option("--output-dir", default=".", show_default=True, metavar="DIR",
               help="where NAME-report.png and NAME-report.html are written")
@@ -345,6 +352,8 @@ def report(name: str, storage_path: str | None, namespace: str | None, output_di
 
     JobSpec.build(name=name)  # the name is checked like everywhere else (exit 2)
     need_matplotlib()  # before reading anything: exit 2 with the pip command
+    if namespace is None and storage_path is None:
+        namespace = default_namespace(kube_context, kubeconfig)
     written = api.report(name, storage_path=storage_path, namespace=namespace or _DEFAULTS["namespace"],
                          out_dir=output_dir, context=kube_context, kubeconfig=kubeconfig)
     click.echo(f"wrote {written.png} and {written.html}")
