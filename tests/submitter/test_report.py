@@ -9,7 +9,6 @@ import re
 import sys
 from datetime import datetime, timedelta, timezone
 
-import pytest
 
 from submitter.cli import main
 from submitter.contract import events as ev
