@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import base64
 import io
+import json
 import re
 import sys
 from datetime import datetime, timedelta, timezone
-
 
 from submitter.cli import main
 from submitter.contract import events as ev
@@ -82,7 +82,7 @@ def test_report_from_a_cluster_job_uses_the_whole_run_curve(api, kubeconfig, run
         fields = {k: v for k, v in event.items() if k not in ("v", "type", "time", "seq")}
         op.emit(event["type"], **fields)
     api.emulator.merge(CONFIGMAPS, "default", f"{NAME}-progress",
-                       {"data": {ev.CURVE_KEY: __import__("json").dumps(ev.curve_fold(events))}})
+                       {"data": {ev.CURVE_KEY: json.dumps(ev.curve_fold(events))}})
     out = tmp_path / "out"
     result = runner.invoke(main, ["report", NAME, "--kubeconfig", kubeconfig, "--output-dir", str(out)])
     assert result.exit_code == 0, result.output
