@@ -328,6 +328,7 @@ def job_file_text(draw: Any) -> str:
 
 def test_fuzz_job_files(scratch):
     path = os.path.join(scratch, "job.yaml")
+    runner = CliRunner()
 
     @fuzz_settings("jobfile")
     @given(job_file_text(), st.integers(0, 9).map(lambda n: n == 0))
@@ -336,6 +337,10 @@ def test_fuzz_job_files(scratch):
         data = text.encode("utf-8", "surrogatepass")
         with open(path, "wb") as fh:
             fh.write(data if not as_bytes else b"\xff" + data)
+        if COUNTS["jobfile"] % 10 == 0:  # every tenth file also through the command line
+            result = runner.invoke(main, ["render", "-f", path])
+            assert "Traceback" not in result.output and result.exit_code in (0, 2), result.output
+            assert result.exit_code == 0 or (len(result.stderr.splitlines()) == 1 and result.stdout == "")
         try:
             values = jobfile.load(path)
             spec = JobSpec.build(values)
