@@ -7,7 +7,7 @@ The Python API (see `submitter.api` and the README):
     plan = submitter.render(spec)
     submitter.submit(spec)
     for state in submitter.watch("gpt2-demo"): ...
-    submitter.status(name), submitter.delete(name), submitter.resume(name)
+    submitter.status(name), submitter.stop(name), submitter.resume(name), submitter.delete(name)
 
 Kept import-light on purpose: `submitter --help` and `submitter render` must start fast, so
 nothing here (or in spec/storage/render/plan) imports kubernetes, ray, torch or transformers;
@@ -30,6 +30,7 @@ _EXPORTS = {
     "submit": "submitter.api",
     "status": "submitter.api",
     "delete": "submitter.api",
+    "stop": "submitter.api",
     "resume": "submitter.api",
     "SubmitterError": "submitter.contract.errors",
     "UsageError": "submitter.contract.errors",

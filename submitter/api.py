@@ -56,14 +56,15 @@ class Submitted:
 
 
 def submit(spec: JobSpec, *, dry_run: str = "none", context: str | None = None,
-           kubeconfig: str | None = None, kube: "Kube | None" = None) -> Submitted:
+           kubeconfig: str | None = None, kube: "Kube | None" = None,
+           request_timeout: float | None = None) -> Submitted:
     """Preflight and apply the job (dry_run: "none", "client" or "server"); does not wait."""
     from submitter.cluster import submit_job
 
     plan = render(spec)
     out = io.StringIO()
     submit_job(spec, dry_run=dry_run, output="text", context=context, kubeconfig=kubeconfig,
-               kube=kube, out=out, err=out)
+               kube=kube, request_timeout=request_timeout, out=out, err=out)
     return Submitted(spec.name, spec.namespace, plan, out.getvalue())
 
 
@@ -144,7 +145,7 @@ def delete(name: str, namespace: str | None = None, *, delete_pvc: str | None = 
            kube: "Kube | None" = None) -> str:
     """Delete the job's RayJob, RBAC and progress ConfigMap (the PVC only when named); returns
     the report the CLI prints."""
-    from submitter.cluster import delete_job
+    from submitter.lifecycle import delete_job
 
     out = io.StringIO()
     delete_job(_kube(kube, context, kubeconfig), _namespace(namespace, context, kubeconfig), name,
@@ -152,10 +153,21 @@ def delete(name: str, namespace: str | None = None, *, delete_pvc: str | None = 
     return out.getvalue()
 
 
+def stop(name: str, namespace: str | None = None, *, context: str | None = None,
+         kubeconfig: str | None = None, kube: "Kube | None" = None) -> str:
+    """Suspend a running job (KubeRay's `suspend`; `resume` continues it); returns the report."""
+    from submitter.lifecycle import stop_job
+
+    out = io.StringIO()
+    stop_job(_kube(kube, context, kubeconfig), _namespace(namespace, context, kubeconfig), name, out=out)
+    return out.getvalue()
+
+
 def resume(name: str, namespace: str | None = None, *, context: str | None = None,
            kubeconfig: str | None = None, kube: "Kube | None" = None) -> str:
-    """Start a new attempt of a finished job from its last checkpoint; returns the report."""
-    from submitter.cluster import resume_job
+    """Continue a STOPPED, SUSPENDED or FAILED job (or one deleted with its PVC kept) from its
+    last checkpoint, with the settings it was submitted with; returns the report."""
+    from submitter.lifecycle import resume_job
 
     out = io.StringIO()
     resume_job(_kube(kube, context, kubeconfig), _namespace(namespace, context, kubeconfig), name,

@@ -13,11 +13,12 @@ import yaml
 import submitter
 from submitter.contract.errors import NotFound, SpecError, WatchTimeout
 from tests.support.fake_operator import FakeOperator
+from tests.support.kube_emulator import RAYJOBS
 
 
 def test_import_submitter_is_light_and_exports_the_api():
     code = ("import sys, submitter; names = [submitter.JobSpec, submitter.render, submitter.submit, "
-            "submitter.status, submitter.watch, submitter.delete, submitter.resume]; "
+            "submitter.status, submitter.watch, submitter.stop, submitter.delete, submitter.resume]; "
             "print(sorted(m for m in ('kubernetes', 'ray', 'torch', 'jinja2') if m in sys.modules))")
     # watch (the module) imports no kubernetes either: only a call does
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
@@ -69,7 +70,9 @@ def test_submit_status_watch_delete_resume_against_the_emulator(api, kubeconfig)
     assert any(s.progress.step == 10 for s in states)
 
     resumed = submitter.resume("gpt2-demo", kubeconfig=kubeconfig)
-    assert "resumed as attempt 2" in resumed
+    assert "attempt 2" in resumed, resumed
+    assert "stopped (spec.suspend: true)" in submitter.stop("gpt2-demo", kubeconfig=kubeconfig)
+    assert api.emulator.get(RAYJOBS, "default", "gpt2-demo")["spec"]["suspend"] is True
     assert "deleted rayjob/gpt2-demo" in submitter.delete("gpt2-demo", kubeconfig=kubeconfig)
     with pytest.raises(NotFound):
         submitter.status("gpt2-demo", kubeconfig=kubeconfig)
