@@ -115,7 +115,8 @@ class JobState:
                 "epoch": p.epoch, "step": p.step, "loss": p.loss, "tokensPerSec": p.tokens_per_sec,
                 "lastCheckpoint": p.last_checkpoint, "restarts": self.restarts,
                 "created": self.created, "rayCluster": self.ray_cluster,
-                "diagnosis": self.diagnosis, "stalled": self.stalled}
+                "diagnosis": self.diagnosis, "stalled": self.stalled,
+                "totalSteps": p.total_steps, "etaSeconds": _eta(p)}
 
     @property
     def why(self) -> str:
@@ -267,6 +268,14 @@ def join(rayjobs: list[Mapping[str, Any]], configmaps: list[Mapping[str, Any]],
         cm = by_key.get((meta.get("namespace"), progress_name(meta.get("name", ""))))
         states.append(job_state(rj, cm, name=meta.get("name", ""), namespace=meta.get("namespace", "")))
     return sorted(states, key=lambda s: (s.namespace, s.name))
+
+
+def _eta(progress: ProgressState) -> int | None:
+    """Seconds to the last step at the run's step cadence, from now (None: unknown)."""
+    from submitter.contract.events import eta_seconds
+
+    left = eta_seconds(progress, utcnow())
+    return None if left is None else int(round(left))
 
 
 def utcnow() -> datetime:

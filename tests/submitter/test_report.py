@@ -125,6 +125,8 @@ def test_status_and_watch_show_an_eta_from_the_step_cadence(api, kubeconfig, run
     status = runner.invoke(main, ["status", NAME, "--kubeconfig", kubeconfig])
     assert status.exit_code == 0, status.output
     assert re.search(r"^ETA 14m[0-9]{2}s \(step 110/1000 at 1\.00 s/step\)$", status.stdout, re.M), status.stdout
+    as_json = json.loads(runner.invoke(main, ["status", NAME, "--kubeconfig", kubeconfig, "-o", "json"]).stdout)
+    assert as_json["totalSteps"] == 1000 and 840 <= as_json["etaSeconds"] <= 880
     op.succeed()
     watched = runner.invoke(main, ["watch", NAME, "--kubeconfig", kubeconfig])
     assert "ETA " in watched.stdout and "step 110/1000" in watched.stdout, watched.stdout
