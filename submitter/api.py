@@ -111,17 +111,26 @@ def watch(name: str, namespace: str | None = None, *, timeout: float | None = No
 
     threading.Thread(target=run, name=f"submitter-watch-{name}", daemon=True).start()
     last: Any = None
-    while True:
-        kind, value = states.get()
-        if kind == "error":
-            raise value
-        if kind == "final":
-            if last is None or value != last:
+    try:
+        while True:
+            kind, value = states.get()
+            if kind == "error":
+                if isinstance(value, _Closed):
+                    return
+                raise value
+            if kind == "final":
+                if last is None or value != last:
+                    yield value
+                return
+            if value != last:
+                last = value
                 yield value
-            return
-        if value != last:
-            last = value
-            yield value
+    finally:
+        sink.closed = True  # the watching thread stops at its next change (its streams close)
+
+
+class _Closed(Exception):
+    """Raised inside the watching thread once the generator was closed."""
 
 
 class _QueueSink:
@@ -129,11 +138,16 @@ class _QueueSink:
 
     def __init__(self, states: Any) -> None:
         self.states = states
+        self.closed = False
 
     def status(self, state: "JobState") -> None:
+        if self.closed:
+            raise _Closed()
         self.states.put(("state", state))
 
     def event(self, event: dict[str, Any], state: "JobState") -> None:
+        if self.closed:
+            raise _Closed()
         self.states.put(("state", state))
 
     def done(self, state: "JobState") -> None:

@@ -82,3 +82,18 @@ def test_watch_timeout_raises(api, kubeconfig):
     submitter.submit(submitter.JobSpec.build(name="slow"), kubeconfig=kubeconfig)
     with pytest.raises(WatchTimeout):
         list(submitter.watch("slow", kubeconfig=kubeconfig, timeout=0.5))
+
+
+def test_closing_watch_early_stops_the_watching_thread(api, kubeconfig):
+    import time
+
+    submitter.submit(submitter.JobSpec.build(name="early"), kubeconfig=kubeconfig)
+    op = FakeOperator(api.emulator, "early")
+    watching = submitter.watch("early", kubeconfig=kubeconfig)
+    assert next(watching).state == "PENDING"
+    watching.close()
+    op.initialize()  # the next change reaches the closed sink: the thread ends
+    deadline = time.monotonic() + 10
+    while any(t.name == "submitter-watch-early" for t in threading.enumerate()):
+        assert time.monotonic() < deadline, "the watching thread outlived its generator"
+        time.sleep(0.05)
