@@ -1,4 +1,18 @@
-"""GPT-2 presets and the model/optimizer/schedule built from them."""
+"""GPT-2 presets and the model/optimizer/schedule built from them.
+
+Vocabulary padding: the embedding (and the tied LM head) has `padded_vocab(n)` rows, a multiple
+of 64 (50,257 -> 50,304 for GPT-2): the LM-head matmul then runs on tensor-core friendly shapes.
+The padded ids never occur in the data; their logits are learned down like any unused token.
+The tokenizer's own size is kept in the config as `tokenizer_vocab_size`; an exported model must
+drop the extra rows: `unpad_state_dict(sd, config.tokenizer_vocab_size)` and
+`vocab_size=tokenizer_vocab_size` in the exported config (`lm_head` is tied to `wte`).
+
+Weight decay (one rule for DDP and FSDP, by parameter NAME, never by shape: FSDP may flatten or
+shard a parameter so its `dim()` says nothing): decay on the Linear/Conv1D weight matrices of
+attention and MLP; no decay on biases, LayerNorm weights, and the embeddings `wte`/`wpe`
+(as in most GPT reproductions after nanoGPT's first version: decaying the token embedding,
+which is also the tied output layer, pulls rare tokens' rows to zero).
+"""
 
 from __future__ import annotations
 
@@ -29,8 +43,19 @@ PRESETS = {
 }
 
 
+#: The embedding's rows are padded to a multiple of this.
+VOCAB_MULTIPLE = 64
+
+
+def padded_vocab(n: int, multiple: int = VOCAB_MULTIPLE) -> int:
+    """The smallest multiple of `multiple` that holds n token ids."""
+    return -(-n // multiple) * multiple
+
+
 def gpt2_config(preset_name: str, vocab_size: int, eot_id: int, block_size: Optional[int] = None):
-    """A transformers GPT2Config for a preset; the tokenizer decides the vocab for `tiny`."""
+    """A transformers GPT2Config for a preset; the tokenizer decides the vocab for `tiny`.
+    The model's vocab is padded (see the module docstring); `tokenizer_vocab_size` keeps the
+    real one."""
     from transformers import GPT2Config
 
     p = PRESETS[preset_name]
@@ -38,7 +63,8 @@ def gpt2_config(preset_name: str, vocab_size: int, eot_id: int, block_size: Opti
     if vocab < vocab_size:
         raise ValueError(f"model {preset_name} has {vocab} token ids, the tokenizer needs {vocab_size}")
     block = block_size or p.block_size
-    return GPT2Config(vocab_size=vocab, n_positions=block, n_embd=p.n_embd, n_layer=p.n_layer,
+    return GPT2Config(vocab_size=padded_vocab(vocab), tokenizer_vocab_size=vocab,
+                      n_positions=block, n_embd=p.n_embd, n_layer=p.n_layer,
                       n_head=p.n_head, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
                       bos_token_id=eot_id, eos_token_id=eot_id,
                       use_cache=False)  # training never decodes: no KV cache to fill each step
@@ -56,7 +82,8 @@ def expected_parameters(preset_name: str, vocab_size: int, block_size: Optional[
     """Parameters of a preset without building it (the driver need not import transformers):
     embeddings + per block (2 LayerNorms, attention 4d^2, MLP 8d^2 and biases) + final LN."""
     p = PRESETS[preset_name]
-    d, vocab, block = p.n_embd, p.vocab_size or vocab_size, block_size or p.block_size
+    d, block = p.n_embd, block_size or p.block_size
+    vocab = padded_vocab(p.vocab_size or vocab_size)
     return vocab * d + block * d + p.n_layer * (12 * d * d + 13 * d) + 2 * d
 
 
@@ -65,14 +92,59 @@ def count_parameters(model) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def build_optimizer(model, learning_rate: float, weight_decay: float, betas: tuple[float, float]):
-    """AdamW; decay only on >=2-D weights (matrices, embeddings), as GPT-2/nanoGPT do."""
+def unpad_state_dict(state_dict: dict, vocab_size: int) -> dict:
+    """A (full, unwrapped) model state dict with the embedding/LM head cut to the tokenizer's
+    `vocab_size` rows: what an exported model (50,257 logits for GPT-2) must hold."""
+    out = dict(state_dict)
+    for key in ("transformer.wte.weight", "lm_head.weight"):
+        if key in out:
+            out[key] = out[key][:vocab_size]
+    return out
+
+
+#: Name parts of parameters that get no weight decay (see the module docstring).
+_NO_DECAY_PARTS = ("bias", "ln_1", "ln_2", "ln_f", "wte", "wpe")
+
+
+def canonical_name(name: str) -> str:
+    """A parameter's name without the wrappers' prefixes (DDP `module.`, FSDP1/compile
+    `_fsdp_wrapped_module.`, `_orig_mod.`, activation checkpointing), the same for every
+    parallel strategy."""
+    for junk in ("_fsdp_wrapped_module.", "_checkpoint_wrapped_module.", "_orig_mod."):
+        name = name.replace(junk, "")
+    return name.removeprefix("module.")
+
+
+def decays(name: str) -> bool:
+    """True when the parameter called `name` gets weight decay (weight matrices only)."""
+    parts = canonical_name(name).split(".")
+    return not any(p in _NO_DECAY_PARTS for p in parts)
+
+
+def param_groups(named_parameters, weight_decay: float) -> list[dict]:
+    """AdamW groups by name: [decayed matrices, everything else]. Each group also lists the
+    canonical names (`names`), which the tests compare across DDP and FSDP."""
+    decay, rest = ([], []), ([], [])
+    for name, p in named_parameters:
+        if not p.requires_grad:
+            continue
+        target = decay if decays(name) else rest
+        target[0].append(p)
+        target[1].append(canonical_name(name))
+    return [{"params": decay[0], "names": decay[1], "weight_decay": weight_decay},
+            {"params": rest[0], "names": rest[1], "weight_decay": 0.0}]
+
+
+def build_optimizer(model, learning_rate: float, weight_decay: float, betas: tuple[float, float],
+                    fused: Optional[bool] = None):
+    """AdamW over `param_groups` (by name). `fused`: one kernel per step for all parameters;
+    the default uses it when the parameters live on CUDA."""
     import torch
 
-    params = [p for p in model.parameters() if p.requires_grad]
-    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
-              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=learning_rate, betas=betas)
+    groups = param_groups(model.named_parameters(), weight_decay)
+    if fused is None:
+        fused = all(p.is_cuda for g in groups for p in g["params"])
+    return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=bool(fused) or None)
 
 
 def lr_factor(step: int, warmup: int, total: int, min_ratio: float) -> float:

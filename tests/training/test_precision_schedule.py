@@ -1,0 +1,76 @@
+"""The precision table (`--precision`) and the learning-rate plan across re-plans."""
+
+from __future__ import annotations
+
+import pytest
+
+from training.model import lr_factor
+from training.precision import PrecisionError, choose_precision
+from training.schedule import LRPlan, first_plan, resumed_plan
+
+
+@pytest.mark.parametrize("requested, device, bf16, expected", [
+    ("auto", "cpu", False, "fp32"),
+    ("auto", "cuda", True, "bf16"),
+    ("auto", "cuda", False, "fp16"),
+    ("bf16", "cuda", True, "bf16"),
+    ("bf16", "cpu", False, "bf16"),
+    ("fp16", "cuda", True, "fp16"),
+    ("fp16", "cuda", False, "fp16"),
+    ("fp32", "cuda", True, "fp32"),
+    ("fp32", "cpu", False, "fp32"),
+])
+def test_precision_table(requested, device, bf16, expected):
+    p = choose_precision(requested, device, bf16)
+    assert p.name == expected and p.requested == requested
+    assert p.needs_scaler == (expected == "fp16")
+    assert p.describe()["precision"] == expected
+
+
+@pytest.mark.parametrize("requested, device, bf16, word", [
+    ("bf16", "cuda", False, "fp16"), ("fp16", "cpu", False, "CUDA"), ("fp8", "cuda", True, "auto")])
+def test_impossible_precisions_are_refused_with_the_fix(requested, device, bf16, word):
+    with pytest.raises(PrecisionError, match=word) as e:
+        choose_precision(requested, device, bf16)
+    assert "\n" not in str(e.value)
+
+
+def test_the_first_plan_is_warmup_then_cosine():
+    plan = first_plan(100, 10, 0.1)
+    assert [plan.factor(s) for s in range(120)] == pytest.approx(
+        [lr_factor(s, 10, 100, 0.1) for s in range(120)])
+
+
+def test_an_extended_run_continues_without_a_jump():
+    """3 epochs of 100 steps, then extended to 5: the LR never rises after the warm-up, the
+    first 300 steps are unchanged, and the step after the extension is the next cosine value."""
+    plan = first_plan(300, 15, 0.1)
+    before = [plan.factor(s) for s in range(300)]
+    extended = LRPlan.from_dict(plan.to_dict()).replan(250, 500)  # extended mid-run at step 250
+    seq = [plan.factor(s) for s in range(250)] + [extended.factor(s) for s in range(250, 500)]
+    assert seq[:250] == before[:250]
+    assert extended.factor(250) == pytest.approx(plan.factor(250))
+    steps = [b - a for a, b in zip(seq[15:], seq[16:])]
+    assert all(d <= 1e-12 for d in steps)                      # monotone after warm-up
+    assert max(abs(d) for d in steps) < 0.02                   # smooth: no jump anywhere
+    assert seq[-1] == pytest.approx(0.1, abs=1e-3) and extended.factor(600) == 0.1
+
+
+def test_extending_a_finished_run_stays_at_the_floor():
+    plan = first_plan(300, 15, 0.1)
+    more = resumed_plan(plan.to_dict(), 300, 500, 15, 0.1)
+    assert all(more.factor(s) == pytest.approx(0.1) for s in range(300, 520))
+
+
+def test_a_replan_inside_the_warmup_keeps_warming_up():
+    plan = first_plan(100, 10, 0.1).replan(5, 1000)
+    assert [plan.factor(s) for s in range(10)] == pytest.approx([(s + 1) / 10 for s in range(10)])
+    assert plan.total == 1000 and plan.factor(10) == pytest.approx(1.0)
+
+
+def test_the_same_total_keeps_the_plan_and_a_new_run_gets_a_first_plan():
+    plan = first_plan(100, None, 0.1)
+    assert plan.warmup == 5
+    assert resumed_plan(plan.to_dict(), 40, 100, None, 0.1) == plan
+    assert resumed_plan(None, 0, 100, None, 0.1) == plan
+    assert resumed_plan({"last_epoch": 3}, 3, 100, None, 0.1) == plan  # an old LambdaLR state

@@ -1,0 +1,99 @@
+"""Which numeric precision a run trains in (`--precision auto|bf16|fp16|fp32`).
+
+`choose_precision` is a pure function of the request and what the device offers, so the table
+is unit-tested without a GPU:
+
+| request | CPU  | CUDA with bf16 (Ampere+) | CUDA without bf16 (T4, V100) |
+|---------|------|--------------------------|------------------------------|
+| auto    | fp32 | bf16                     | fp16 + GradScaler            |
+| bf16    | bf16 | bf16                     | refused (one line)           |
+| fp16    | refused (no fp16 autocast worth having on CPU) | fp16 + GradScaler | fp16 + GradScaler |
+| fp32    | fp32 | fp32                     | fp32                         |
+
+Mixed precision here is autocast: the weights and the optimizer stay fp32, matmuls run in the
+low precision. fp16's narrow range needs loss scaling: `torch.amp.GradScaler` (DDP) or FSDP's
+`ShardedGradScaler`, with `unscale_` before gradient clipping so the clip sees true norms.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Any, Optional
+
+PRECISIONS = ("auto", "bf16", "fp16", "fp32")
+
+
+class PrecisionError(ValueError):
+    """The requested precision cannot run on this device (the message says what to use)."""
+
+
+@dataclass(frozen=True)
+class Precision:
+    name: str            # "bf16" | "fp16" | "fp32": what the run actually uses
+    requested: str       # what was asked for
+    reason: str          # one phrase, for run_started
+
+    @property
+    def needs_scaler(self) -> bool:
+        return self.name == "fp16"
+
+    def dtype(self) -> Any:
+        """The autocast dtype (None for fp32)."""
+        import torch
+
+        return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.name)
+
+    def autocast(self, device_type: str) -> Any:
+        """The context the forward pass runs in."""
+        import torch
+
+        dtype = self.dtype()
+        if dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type, dtype=dtype)
+
+    def describe(self) -> dict[str, str]:
+        return {"precision": self.name, "precision_requested": self.requested,
+                "precision_reason": self.reason}
+
+
+def choose_precision(requested: str, device_type: str, bf16_supported: bool) -> Precision:
+    """The table in the module docstring. device_type: "cuda" or "cpu"."""
+    if requested not in PRECISIONS:
+        raise PrecisionError(f"precision {requested!r} is not one of {', '.join(PRECISIONS)}")
+    cuda = device_type == "cuda"
+    if requested == "auto":
+        if not cuda:
+            return Precision("fp32", requested, "CPU: fp32")
+        if bf16_supported:
+            return Precision("bf16", requested, "this GPU supports bf16")
+        return Precision("fp16", requested, "this GPU has no bf16: fp16 with loss scaling")
+    if requested == "bf16" and cuda and not bf16_supported:
+        raise PrecisionError("this GPU has no bf16 (e.g. T4, V100): use --precision fp16 or auto")
+    if requested == "fp16" and not cuda:
+        raise PrecisionError("--precision fp16 needs a CUDA GPU: use auto or fp32 on CPU")
+    return Precision(requested, requested, "asked for")
+
+
+def precision_here(requested: str, device: Any) -> Precision:
+    """`choose_precision` for the device this worker trains on."""
+    import torch
+
+    cuda = getattr(device, "type", str(device)) == "cuda"
+    return choose_precision(requested, "cuda" if cuda else "cpu",
+                            bool(cuda and torch.cuda.is_bf16_supported()))
+
+
+def make_scaler(precision: Precision, device_type: str, sharded: bool) -> Optional[Any]:
+    """A gradient scaler for fp16 (None otherwise). FSDP's grads are shards: its scaler
+    all-reduces the found-inf flag so every rank skips the same steps."""
+    if not precision.needs_scaler:
+        return None
+    if sharded:
+        from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+        return ShardedGradScaler(device_type)
+    import torch
+
+    return torch.amp.GradScaler(device_type)
