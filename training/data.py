@@ -3,15 +3,26 @@
 Sources: a Hugging Face dataset by name (loaded with `datasets.load_dataset`, handed to Ray
 Data with `from_arrow`; `from_huggingface` re-scans the working directory), files
 given with `--data` (text, parquet or jsonl through Ray Data's readers), or the offline corpus
-`python-stdlib` (this Python's own standard library source). Validation is the dataset's own
-validation split when it has one, else a deterministic content-hash hold-out of the blocks.
+`python-stdlib` (this Python's own standard library source). Validation is `--val-data` when
+given, else the dataset's own validation split when it has one, else a deterministic
+content-hash hold-out of the blocks. `--limit-rows` keeps the first N rows (smoke runs).
+
+Start-up never waits for a pass over the data:
+- A Hub table is cut into `hub_block_count` slices before `from_arrow` (one block would be one
+  tokenizing task on one core, for every epoch).
+- The steps per epoch, which the learning-rate plan needs, are ESTIMATED from the data's size
+  (`estimate_blocks`: text bytes from file sizes, Parquet metadata or the Arrow table, times
+  tokens per byte measured on a sample), never counted with `Dataset.count()` (which runs the
+  whole tokenizing pipeline before step 1). The loop re-plans the schedule from the current LR
+  when the first epoch ends and the real figure is known (training.schedule), so an estimate
+  that is off costs a little schedule shape, never a jump.
 """
 
 from __future__ import annotations
 
 import os
 import sysconfig
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Optional
 
@@ -26,11 +37,22 @@ _SKIP_DIRS = {"test", "tests", "site-packages", "dist-packages", "idlelib", "lib
               "turtledemo", "__pycache__", "ensurepip", "venv"}
 
 
+#: Tokens per byte of English text under GPT-2's BPE when no sample can be read (~4 bytes a
+#: token on WikiText).
+DEFAULT_BPE_TOKENS_PER_BYTE = 0.25
+#: Bytes of text per Hub slice at most (tokenizing runs at ~18 MB/s per core).
+HUB_BLOCK_BYTES = 16 * 1024 * 1024
+#: Text read to measure tokens per byte.
+SAMPLE_BYTES = 256 * 1024
+
+
 @dataclass(frozen=True)
 class Corpus:
     train: Any           # ray.data.Dataset of {"text": str}
     val: Optional[Any]   # its validation split, or None: hold out blocks by hash
     description: str     # one line for the output: what was used
+    text_bytes: Optional[int] = None  # bytes of training text (an estimate; None: unknown)
+    sample: tuple[str, ...] = ()      # some training rows, to measure tokens per byte
 
 
 def stdlib_files(root: Optional[str] = None) -> list[Path]:
@@ -46,19 +68,40 @@ def stdlib_files(root: Optional[str] = None) -> list[Path]:
 
 
 def load_corpus(dataset: str, dataset_config: Optional[str], data: Optional[str],
-                data_format: str = "auto", text_column: str = "text") -> Corpus:
+                data_format: str = "auto", text_column: str = "text",
+                val_data: Optional[str] = None, limit_rows: Optional[int] = None) -> Corpus:
+    """The training text (and validation text, if separate) as Ray datasets of {"text"}."""
     import ray.data
 
     if data:
-        return _files_corpus(data, data_format, text_column)
-    if dataset == OFFLINE_DATASET:
+        corpus = _files_corpus(data, data_format, text_column)
+    elif dataset == OFFLINE_DATASET:
         files = stdlib_files()
         size = sum(f.stat().st_size for f in files)
         ds = ray.data.read_text([str(f) for f in files], drop_empty_lines=False)
-        return Corpus(ds, None, f"data: {OFFLINE_DATASET}: {len(files)} .py files, "
-                                f"{size / 1e6:.1f} MB of this Python's standard library "
-                                f"({sysconfig.get_paths()['stdlib']}), offline")
-    return _hub_corpus(dataset, dataset_config, text_column)
+        corpus = Corpus(ds, None, f"data: {OFFLINE_DATASET}: {len(files)} .py files, "
+                                  f"{size / 1e6:.1f} MB of this Python's standard library "
+                                  f"({sysconfig.get_paths()['stdlib']}), offline",
+                        size, tuple(_head_lines(str(files[0]))))
+    else:
+        corpus = _hub_corpus(dataset, dataset_config, text_column, limit_rows)
+    if val_data:
+        val = _files_corpus(val_data, data_format, text_column)
+        corpus = replace(corpus, val=val.train,
+                         description=f"{corpus.description}, validation: {val_data}")
+    if limit_rows:
+        corpus = limited(corpus, limit_rows)
+    return corpus
+
+
+def limited(corpus: Corpus, rows: int) -> Corpus:
+    """The first `rows` training rows (the size estimate shrinks with them)."""
+    total = corpus.text_bytes
+    if total is not None and corpus.sample:
+        per_row = sum(len(t.encode()) + 1 for t in corpus.sample) / len(corpus.sample)
+        total = min(total, int(per_row * rows))
+    return replace(corpus, train=corpus.train.limit(rows), text_bytes=total,
+                   description=f"{corpus.description}, first {rows} rows")
 
 
 def _files_corpus(data: str, data_format: str, text_column: str) -> Corpus:
@@ -71,10 +114,47 @@ def _files_corpus(data: str, data_format: str, text_column: str) -> Corpus:
         ds = ray.data.read_json(data, lines=True)
     else:
         ds = ray.data.read_text(data, drop_empty_lines=False)
-        text_column = "text"
-    if text_column != "text":
+    if fmt != "text" and text_column != "text":
         ds = ds.rename_columns({text_column: "text"})
-    return Corpus(ds.select_columns(["text"]), None, f"data: {data} ({fmt})")
+    nbytes, sample = _files_size_and_sample(data, fmt, text_column)
+    return Corpus(ds.select_columns(["text"]), None, f"data: {data} ({fmt})", nbytes, sample)
+
+
+def _files_size_and_sample(data: str, fmt: str, text_column: str) -> tuple[Optional[int], tuple[str, ...]]:
+    """Bytes of text in the files (file sizes; for Parquet the text column's uncompressed
+    size from the footers) and, for local text files, the first lines. Never raises."""
+    try:
+        import pyarrow.fs as pafs
+
+        fs, path = pafs.FileSystem.from_uri(data if "://" in data else os.path.abspath(data))
+        info = fs.get_file_info(path)
+        if info.type == pafs.FileType.Directory:
+            infos = [i for i in fs.get_file_info(pafs.FileSelector(path, recursive=True))
+                     if i.type == pafs.FileType.File and not os.path.basename(i.path).startswith(".")]
+        else:
+            infos = [info]
+        if fmt == "parquet":
+            import pyarrow.parquet as pq
+
+            total = 0
+            for i in infos:
+                meta = pq.ParquetFile(i.path, filesystem=fs).metadata
+                for rg in range(meta.num_row_groups):
+                    group = meta.row_group(rg)
+                    for c in range(group.num_columns):
+                        if group.column(c).path_in_schema == text_column:
+                            total += group.column(c).total_uncompressed_size
+            return total, ()
+        total = sum(i.size or 0 for i in infos)
+        sample = tuple(_head_lines(infos[0].path)) if fmt == "text" and "://" not in data else ()
+        return total, sample
+    except Exception:  # noqa: BLE001 - an estimate only; the loop learns the real figure
+        return None, ()
+
+
+def _head_lines(path: str, limit: int = SAMPLE_BYTES) -> list[str]:
+    with open(path, encoding="utf-8", errors="replace") as f:
+        return f.read(limit).splitlines()[:-1] or [""]
 
 
 def _guess_format(data: str) -> str:
@@ -90,22 +170,93 @@ def _guess_format(data: str) -> str:
     return "text"
 
 
-def _hub_corpus(dataset: str, config: Optional[str], text_column: str) -> Corpus:
+def _hub_corpus(dataset: str, config: Optional[str], text_column: str,
+                limit_rows: Optional[int] = None) -> Corpus:
     import datasets
-    import ray.data
 
     dd = datasets.load_dataset(dataset, config)
-    train = ray.data.from_arrow(dd["train"].data.table).select_columns([text_column])
+    return hub_corpus(dd, text_column, f"{dataset} {config or ''}".strip(), limit_rows)
+
+
+def hub_block_count(rows: int, text_bytes: int, cpus: int) -> int:
+    """Slices of a Hub table: at least one per CPU (every core tokenizes), more for big
+    tables (each at most HUB_BLOCK_BYTES), never more than rows."""
+    wanted = max(cpus, -(-text_bytes // HUB_BLOCK_BYTES))
+    return max(1, min(rows, wanted))
+
+
+def _cluster_cpus() -> int:
+    import ray
+
+    try:
+        return int(ray.cluster_resources().get("CPU", 0)) or (os.cpu_count() or 1)
+    except Exception:  # noqa: BLE001 - Ray not started (tests): this machine's
+        return os.cpu_count() or 1
+
+
+def _from_table(table: Any, text_column: str, cpus: int) -> tuple[Any, int]:
+    """A Ray dataset of {"text"} from an Arrow table, in `hub_block_count` blocks."""
+    import pyarrow.compute as pc
+    import ray.data
+
+    table = table.select([text_column])
+    if text_column != "text":
+        table = table.rename_columns(["text"])
+    nbytes = int(pc.sum(pc.binary_length(table.column("text"))).as_py() or 0)
+    n = hub_block_count(table.num_rows, nbytes, cpus)
+    step = -(-table.num_rows // n) if table.num_rows else 1
+    slices = [table.slice(i, step) for i in range(0, max(table.num_rows, 1), step)]
+    return ray.data.from_arrow(slices), nbytes
+
+
+def hub_corpus(dd: Any, text_column: str, name: str, limit_rows: Optional[int] = None) -> Corpus:
+    """A Hugging Face DatasetDict (anything with a "train" split of `datasets.Dataset`) as a
+    corpus whose blocks use every core. `limit_rows` cuts the table before it is sliced."""
+    cpus = _cluster_cpus()
+    table = dd["train"].data.table
+    if limit_rows:
+        table = table.slice(0, limit_rows)
+    train, nbytes = _from_table(table, text_column, cpus)
     val = None
     for split in ("validation", "valid", "test"):
         if split in dd:
-            val = ray.data.from_arrow(dd[split].data.table).select_columns([text_column])
+            val, _ = _from_table(dd[split].data.table, text_column, cpus)
             break
-    if text_column != "text":
-        train = train.rename_columns({text_column: "text"})
-        val = val.rename_columns({text_column: "text"}) if val is not None else None
-    return Corpus(train, val, f"data: {dataset} {config or ''} (Hugging Face, "
-                              f"{dd['train'].num_rows} train rows)")
+    sample = tuple(t if isinstance(t, str) else "" for t in
+                   table.column(text_column).slice(0, 2000).to_pylist())
+    return Corpus(train, val, f"data: {name} (Hugging Face, {table.num_rows} train rows, "
+                              f"{train.num_blocks()} blocks)", nbytes, sample)
+
+
+def tokens_per_byte(corpus: Corpus, tokenizer: TokenizerSpec) -> float:
+    """Measured on the corpus's sample when it has one (1.0 for the byte tokenizer)."""
+    if tokenizer.kind == "byte":
+        return 1.0
+    text = [t for t in corpus.sample if t]
+    nbytes = sum(len(t.encode()) for t in text)
+    if nbytes < 1024:
+        return DEFAULT_BPE_TOKENS_PER_BYTE
+    encoding = get_encoding(tokenizer)
+    return sum(len(encoding.encode_ordinary(t)) for t in text) / nbytes
+
+
+def estimate_blocks(corpus: Corpus, tokenizer: TokenizerSpec, block_size: int,
+                    val_percent: float) -> Optional[int]:
+    """Training blocks in one epoch, estimated from the text's size (None: unknown)."""
+    if corpus.text_bytes is None:
+        return None
+    tokens = corpus.text_bytes * tokens_per_byte(corpus, tokenizer)
+    if corpus.val is None:
+        tokens *= 1 - val_percent / 100
+    return max(1, int(tokens // block_size))
+
+
+def steps_per_epoch_estimate(blocks: Optional[int], micro_batch: int, accumulation: int) -> int:
+    """Optimizer steps per epoch from a block estimate (1 when nothing is known: the loop
+    re-plans after the first epoch)."""
+    if not blocks:
+        return 1
+    return max(1, blocks // (micro_batch * accumulation))
 
 
 def chunk_batch(batch: dict[str, np.ndarray], tokenizer: TokenizerSpec, block_size: int,

@@ -179,6 +179,7 @@ def _prepare(cfg: TrainConfig, hub: Any, notice: Notice) -> tuple[Any, dict[str,
     from training.data import load_corpus, token_datasets
     from training.loop import train_func
     from training.model import PRESETS, expected_parameters
+    from training.run_plan import data_config, plan_run
     from training.tokens import get_encoding, resolve_tokenizer
 
     ctx = DataContext.get_current()
@@ -188,17 +189,12 @@ def _prepare(cfg: TrainConfig, hub: Any, notice: Notice) -> tuple[Any, dict[str,
     notice(tok_line)
     encoding = get_encoding(tok_spec)
     corpus = load_corpus(cfg.dataset, cfg.dataset_config, cfg.data, cfg.data_format,
-                         cfg.text_column)
+                         cfg.text_column, cfg.val_data, cfg.limit_rows)
     notice(corpus.description)
     block = cfg.block_size or PRESETS[cfg.model].block_size
     train_ds, val_ds = token_datasets(corpus, tok_spec, block, cfg.val_percent)
-    if cfg.max_steps_per_epoch:
-        steps_per_epoch = cfg.max_steps_per_epoch
-    else:
-        notice("counting training blocks (no --max-steps-per-epoch) ...")
-        steps_per_epoch = max(1, train_ds.count() // (cfg.batch_size_per_worker * cfg.num_workers))
-    total = steps_per_epoch * cfg.epochs
-    warmup = cfg.warmup_steps if cfg.warmup_steps is not None else max(1, total // 20)
+    plan = plan_run(cfg, corpus, tok_spec, block, notice)  # GPU checks, precision, steps
+    steps_per_epoch = plan.steps_per_epoch
     params = expected_parameters(cfg.model, encoding.n_vocab, cfg.block_size)
     notice(f"model: {cfg.model}, {params / 1e6:.2f}M parameters, block {block}, "
            f"{cfg.num_workers} worker(s) x batch {cfg.batch_size_per_worker}, "
@@ -206,9 +202,8 @@ def _prepare(cfg: TrainConfig, hub: Any, notice: Notice) -> tuple[Any, dict[str,
     resources = {"CPU": cfg.cpus_per_worker, **({"GPU": 1} if cfg.use_gpu else {})}
     trainer = TorchTrainer(
         train_func,
-        train_loop_config={"config": cfg.to_dict(), "hub": hub, "total_steps": total,
-                           "warmup_steps": warmup, "vocab_size": encoding.n_vocab,
-                           "eot_id": encoding.eot_token},
+        train_loop_config={"config": cfg.to_dict(), "hub": hub, **plan.loop_config(),
+                           "vocab_size": encoding.n_vocab, "eot_id": encoding.eot_token},
         scaling_config=ray.train.ScalingConfig(num_workers=cfg.num_workers, use_gpu=cfg.use_gpu,
                                                resources_per_worker=resources),
         run_config=ray.train.RunConfig(
@@ -219,11 +214,12 @@ def _prepare(cfg: TrainConfig, hub: Any, notice: Notice) -> tuple[Any, dict[str,
             failure_config=ray.train.FailureConfig(max_failures=cfg.max_failures),
             logging_config=ray.LoggingConfig(log_level="WARNING")),
         datasets={"train": train_ds, "val": val_ds},
+        dataset_config=data_config(),
     )
     facts = {"model": cfg.model, "params": params, "tokenizer": tok_spec.describe(),
              "data": corpus.description.removeprefix("data: "), "epochs": cfg.epochs,
              "steps_per_epoch": steps_per_epoch, "block_size": block,
-             "batch_size_per_worker": cfg.batch_size_per_worker}
+             "batch_size_per_worker": cfg.batch_size_per_worker, **plan.facts}
     return trainer, facts
 
 

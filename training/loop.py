@@ -2,13 +2,24 @@
 
 resume (epoch AND step) -> per epoch: steps over this worker's data shard (skipping the batches
 a mid-epoch checkpoint already covered) -> validation -> checkpoint (model, optimizer,
-scheduler, epoch, step, config) with `ray.train.report`. Rank 0 sends the status events to the
+LR plan, epoch, step, config) with `ray.train.report`. Rank 0 sends the status events to the
 run's emitter actor (see training.emitter). No code path exists only for tests.
+
+A step is one optimizer step: `accumulation` micro-batches per worker (`--global-batch-size`),
+DDP's gradient all-reduce only on the last (`no_sync`). Per step nothing waits for the GPU:
+the loss is summed on the device and read (`.item()`, one all-reduce) every `progress_every`
+steps. Batches arrive as NumPy from Ray Data and are copied to the device only when used, so
+the batches a resume skips never leave the host. Every epoch's data order is shuffled by a
+seeded local shuffle (seed, epoch, rank), the same on every (re)start, so a resume that skips
+k batches sees exactly the batches the interrupted run would have seen next.
+`tokens_per_sec` is over wall time, data waits included; `data_wait_fraction` says which part
+of that time the step loop waited for data.
 """
 
 from __future__ import annotations
 
 import contextlib
+import zlib
 import os
 import tempfile
 import time
@@ -18,6 +29,18 @@ from training.config import TrainConfig
 from training.object_store import as_uri
 
 STATE_FILE = "state.pt"
+#: Blocks in each worker's local shuffle buffer, in micro-batches.
+SHUFFLE_BATCHES = 16
+
+
+def shuffle_seed(seed: int, epoch: int, rank: int) -> int:
+    """The local shuffle's seed for one worker's epoch (a new order every epoch, the same
+    order on every restart)."""
+    return zlib.crc32(f"{seed}/{epoch}/{rank}".encode())
+
+
+def planned_total(steps_per_epoch: int, epochs: int) -> int:
+    return steps_per_epoch * epochs
 
 
 def checkpoint_name(epoch: int, step: int) -> str:
@@ -75,50 +98,61 @@ def train_func(loop_config: dict[str, Any]) -> None:
     import ray.train.torch
     import torch
     from ray.train import Checkpoint
-    from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_state_dict,
-                                                         set_state_dict)
 
-    from training.model import (BETAS, MIN_LR_RATIO, build_model, build_optimizer, build_scheduler,
-                                gpt2_config)
+    from submitter.contract.spec import accumulation_steps
+    from training.model import BETAS, MIN_LR_RATIO, build_model, build_optimizer, gpt2_config
+    from training.parallel import is_fsdp, unwrapped, wrap_model
+    from training.precision import make_scaler, precision_here
+    from training.schedule import resumed_plan
 
     cfg = TrainConfig.from_dict(loop_config["config"])
-    total_steps, warmup = loop_config["total_steps"], loop_config["warmup_steps"]
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
     events = _Events(loop_config.get("hub"), rank)
     device = ray.train.torch.get_device()
-    autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda"
-                else contextlib.nullcontext())
+    precision = precision_here(cfg.precision, device)
+    accum = accumulation_steps(cfg.global_batch_size, world, cfg.batch_size_per_worker)
+
+    def autocast() -> Any:
+        return precision.autocast(device.type)
 
     # --- model, optimizer, schedule; then the checkpoint on top ----------------------------
     torch.manual_seed(cfg.seed)
     model_config = gpt2_config(cfg.model, loop_config["vocab_size"], loop_config["eot_id"],
                                cfg.block_size)
     block = model_config.n_positions
-    model = build_model(model_config)
-    if world > 1 or cfg.use_gpu:
-        model = ray.train.torch.prepare_model(
-            model, parallel_strategy="fsdp" if cfg.fsdp else "ddp")
-    else:
-        model = model.to(device)
+    model, _facts = wrap_model(build_model(model_config), fsdp=cfg.fsdp, precision=precision,
+                               world=world, device=device)
     optimizer = build_optimizer(model, cfg.learning_rate, cfg.weight_decay, BETAS)
-    scheduler = build_scheduler(optimizer, warmup, total_steps, MIN_LR_RATIO)
+    scaler = make_scaler(precision, device.type, sharded=is_fsdp(model))
 
     state, resumed_from = None, None
     checkpoint = ray.train.get_checkpoint()
     if checkpoint is not None:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+
         with checkpoint.as_directory() as d:
             state = torch.load(os.path.join(d, STATE_FILE), map_location="cpu", weights_only=False)
         set_state_dict(model, optimizer, model_state_dict=state["model"],
                        optim_state_dict=state["optimizer"],
                        options=StateDictOptions(full_state_dict=True))
-        scheduler.load_state_dict(state["scheduler"])
+        if scaler is not None and state.get("scaler"):
+            scaler.load_state_dict(state["scaler"])
         resumed_from = as_uri(cfg.storage_path, checkpoint.path)
     start_epoch, skip, step = resume_point(state)
+    # Steps per epoch: the driver's estimate until an epoch has ended (then the real figure,
+    # kept in the checkpoint); the LR plan re-plans from the current LR when it changes.
+    steps_per_epoch = (state or {}).get("steps_per_epoch") or loop_config["steps_per_epoch"]
+    plan = resumed_plan((state or {}).get("scheduler"), step,
+                        planned_total(steps_per_epoch, cfg.epochs), loop_config["warmup_steps"],
+                        MIN_LR_RATIO)
+    measured = bool((state or {}).get("steps_per_epoch"))
     events.started(resumed_from, epoch=start_epoch + 1, step=step)
 
     def save(metrics: dict[str, Any], epoch: int, step_in_epoch: int, epoch_done: bool) -> None:
         """All ranks: gather the full state (a collective under FSDP); rank 0 writes it."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
         model_sd, optim_sd = get_state_dict(
             model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         name = checkpoint_name(epoch + 1, step)
@@ -126,10 +160,13 @@ def train_func(loop_config: dict[str, Any]) -> None:
             ckpt = None
             if rank == 0:
                 torch.save({"model": model_sd, "optimizer": optim_sd,
-                            "scheduler": scheduler.state_dict(), "epoch": epoch,
+                            "scheduler": plan.to_dict(), "epoch": epoch,
                             "step": step, "step_in_epoch": step_in_epoch,
                             "epoch_done": epoch_done, "config": cfg.to_dict(),
-                            "model_config": model_config.to_dict()},
+                            "model_config": model_config.to_dict(),
+                            "steps_per_epoch": steps_per_epoch if measured else None,
+                            "accumulation": accum, "precision": precision.name,
+                            "scaler": scaler.state_dict() if scaler is not None else None},
                            os.path.join(tmp, STATE_FILE))
                 ckpt = Checkpoint.from_directory(tmp)
             ray.train.report(metrics, checkpoint=ckpt, checkpoint_dir_name=name)
@@ -137,86 +174,126 @@ def train_func(loop_config: dict[str, Any]) -> None:
                     path=os.path.join(cfg.storage_path, cfg.run_name, name),
                     val_loss=metrics.get("val_loss"))
 
+    def to_device(batch: dict[str, Any]) -> Any:
+        return torch.from_numpy(batch["input_ids"]).to(device, non_blocking=True)
+
     def evaluate() -> Optional[float]:
         """Mean loss over (up to val_steps) validation batches of every worker."""
         shard = ray.train.get_dataset_shard("val")
-        net = getattr(model, "module", model) if not cfg.fsdp else model
+        net = model if is_fsdp(model) else unwrapped(model)  # DDP's forward would sync buffers
         net.eval()
-        total, count = 0.0, 0
-        with torch.no_grad(), autocast:
-            for i, batch in enumerate(shard.iter_torch_batches(
-                    batch_size=cfg.batch_size_per_worker, drop_last=True, dtypes=torch.long,
-                    device=device)):
+        total, count = torch.zeros((), device=device, dtype=torch.float64), 0
+        with torch.no_grad(), autocast():
+            for i, batch in enumerate(shard.iter_batches(
+                    batch_size=cfg.batch_size_per_worker, drop_last=True, batch_format="numpy")):
                 if cfg.val_steps and i >= cfg.val_steps:
                     break
-                x = batch["input_ids"]
-                total += net(input_ids=x, labels=x).loss.item()
+                x = to_device(batch)
+                total += net(input_ids=x, labels=x).loss.detach().double()
                 count += 1
         net.train()
-        total, count = _all_mean([total, float(count)], device)
+        total, count = _all_mean([total.item(), float(count)], device)
         return total / count if count else None
 
+    def step_once(micro: list[dict[str, Any]]) -> Any:
+        """One optimizer step over `accum` micro-batches; the mean loss, on the device."""
+        nonlocal step, last_lr
+        last_lr = plan.apply(optimizer, cfg.learning_rate, step)
+        step_loss = torch.zeros((), device=device)
+        for k, batch in enumerate(micro):
+            x = to_device(batch)
+            last = k == len(micro) - 1
+            sync = contextlib.nullcontext() if last or not hasattr(model, "no_sync") \
+                else model.no_sync()
+            with sync:
+                with autocast():
+                    loss = model(input_ids=x, labels=x).loss
+                    if accum > 1:
+                        loss = loss / accum
+                (scaler.scale(loss) if scaler is not None else loss).backward()
+            step_loss += loss.detach().float()
+        if scaler is not None:
+            scaler.unscale_(optimizer)  # the clip must see the true gradient norm
+        if cfg.grad_clip:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        if scaler is not None:
+            scaler.step(optimizer)
+            scaler.update()
+        else:
+            optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        step += 1
+        return step_loss
+
     # --- the loop ------------------------------------------------------------------------
-    tokens_per_step = cfg.batch_size_per_worker * block * world
+    last_lr = cfg.learning_rate * plan.factor(step)
+    tokens_per_step = cfg.batch_size_per_worker * block * world * accum
     model.train()
+    optimizer.zero_grad(set_to_none=True)
     train_shard = ray.train.get_dataset_shard("train")
     first_step = True  # report the first step of every start (time to first/resumed step)
+    cap = cfg.max_steps_per_epoch
     for epoch in range(start_epoch, cfg.epochs):
         done_in_epoch = skip if epoch == start_epoch else 0
-        epoch_loss, epoch_steps, epoch_time = 0.0, 0, 0.0
-        window_loss, window_steps, window_start = 0.0, 0, time.perf_counter()
-        batches = train_shard.iter_torch_batches(
-            batch_size=cfg.batch_size_per_worker, drop_last=True, dtypes=torch.long,
-            device=device)
-        for i, batch in enumerate(batches):
-            if i < done_in_epoch:
-                continue  # covered by the mid-epoch checkpoint we resumed from
-            if cfg.max_steps_per_epoch and done_in_epoch >= cfg.max_steps_per_epoch:
+        epoch_loss = torch.zeros((), device=device, dtype=torch.float64)
+        epoch_steps, epoch_start, epoch_wait = 0, time.perf_counter(), 0.0
+        window_loss = torch.zeros((), device=device, dtype=torch.float64)
+        window_steps, window_start, window_wait = 0, time.perf_counter(), 0.0
+        batches = iter(train_shard.iter_batches(
+            batch_size=cfg.batch_size_per_worker, drop_last=True, batch_format="numpy",
+            local_shuffle_buffer_size=cfg.batch_size_per_worker * SHUFFLE_BATCHES,
+            local_shuffle_seed=shuffle_seed(cfg.seed, epoch, rank)))
+        for _ in range(done_in_epoch * accum):  # covered by the checkpoint we resumed from:
+            if next(batches, None) is None:      # read on the host, never copied to the device
                 break
-            t0 = time.perf_counter()
-            x = batch["input_ids"]
-            with autocast:
-                loss = model(input_ids=x, labels=x).loss
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            if cfg.grad_clip and hasattr(model, "clip_grad_norm_"):
-                model.clip_grad_norm_(cfg.grad_clip)  # FSDP: the norm across all shards
-            elif cfg.grad_clip:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-            optimizer.step()
-            scheduler.step()
-            loss_value = loss.item()
-            epoch_time += time.perf_counter() - t0
-            step += 1
+        while not (cap and done_in_epoch >= cap):
+            t_wait = time.perf_counter()
+            micro = [b for b in (next(batches, None) for _ in range(accum)) if b is not None]
+            waited = time.perf_counter() - t_wait
+            if len(micro) < accum:
+                break  # the epoch's data ran out (a partial accumulation is dropped)
+            step_loss = step_once(micro)
             done_in_epoch += 1
-            epoch_loss, epoch_steps = epoch_loss + loss_value, epoch_steps + 1
-            window_loss, window_steps = window_loss + loss_value, window_steps + 1
+            epoch_loss += step_loss
+            window_loss += step_loss
+            epoch_steps, window_steps = epoch_steps + 1, window_steps + 1
+            epoch_wait, window_wait = epoch_wait + waited, window_wait + waited
 
             if step % cfg.progress_every == 0 or first_step:
                 first_step = False
-                (mean_loss,) = _all_mean([window_loss / window_steps], device)
+                loss_sum = window_loss.item()  # the one host sync per window
                 elapsed = time.perf_counter() - window_start
+                mean_loss, wait_fraction = _all_mean(
+                    [loss_sum / window_steps, window_wait / elapsed if elapsed else 0.0], device)
                 events.emit("progress", epoch=epoch + 1, step=step, loss=round(mean_loss, 5),
                             tokens_per_sec=round(tokens_per_step * window_steps / elapsed, 1),
-                            lr=scheduler.get_last_lr()[0])
-                window_loss, window_steps, window_start = 0.0, 0, time.perf_counter()
-            last_of_epoch = bool(cfg.max_steps_per_epoch) and done_in_epoch >= cfg.max_steps_per_epoch
+                            data_wait_fraction=round(wait_fraction, 4), lr=last_lr)
+                window_loss.zero_()
+                window_steps, window_start, window_wait = 0, time.perf_counter(), 0.0
+            last_of_epoch = bool(cap) and done_in_epoch >= cap
             if cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and not last_of_epoch:
                 val_loss = evaluate()
                 save({"epoch": epoch + 1, "step": step, "val_loss": val_loss,
-                      "train_loss": epoch_loss / epoch_steps}, epoch, done_in_epoch, False)
+                      "train_loss": epoch_loss.item() / epoch_steps}, epoch, done_in_epoch, False)
 
-        # --- end of epoch: validate, report, checkpoint --------------------------------------
+        # --- end of epoch: the real steps per epoch, validate, report, checkpoint -------------
+        if not measured and done_in_epoch:  # (skipped steps of a resumed epoch count too)
+            measured = True
+            if done_in_epoch != steps_per_epoch:
+                steps_per_epoch = done_in_epoch
+                plan = plan.replan(step, planned_total(steps_per_epoch, cfg.epochs))
         val_loss = evaluate()
-        train_loss, tok_s = _all_mean(
-            [epoch_loss / max(1, epoch_steps),
-             tokens_per_step * epoch_steps / epoch_time if epoch_time else 0.0], device)
+        epoch_time = time.perf_counter() - epoch_start
+        train_loss, tok_s, wait_fraction = _all_mean(
+            [epoch_loss.item() / max(1, epoch_steps),
+             tokens_per_step * epoch_steps / epoch_time if epoch_time else 0.0,
+             epoch_wait / epoch_time if epoch_time else 0.0], device)
         metrics = {"epoch": epoch + 1, "step": step, "train_loss": train_loss,
-                   "val_loss": val_loss, "tokens_per_sec": tok_s,
-                   "lr": scheduler.get_last_lr()[0]}
+                   "val_loss": val_loss, "tokens_per_sec": tok_s, "lr": last_lr}
         events.emit("epoch_finished", epoch=epoch + 1, epochs=cfg.epochs, step=step,
                     train_loss=round(train_loss, 5),
                     val_loss=None if val_loss is None else round(val_loss, 5),
-                    tokens_per_sec=round(tok_s, 1), steps=epoch_steps)
+                    tokens_per_sec=round(tok_s, 1), data_wait_fraction=round(wait_fraction, 4),
+                    steps=epoch_steps)
         save(metrics, epoch, done_in_epoch, True)
     events.flush()

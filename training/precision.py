@@ -21,7 +21,7 @@ import contextlib
 from dataclasses import dataclass
 from typing import Any, Optional
 
-PRECISIONS = ("auto", "bf16", "fp16", "fp32")
+from submitter.contract.spec import PRECISIONS
 
 
 class PrecisionError(ValueError):

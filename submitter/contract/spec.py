@@ -49,6 +49,8 @@ ACCESS_MODES = ("ReadWriteMany", "ReadWriteOnce", "ReadOnlyMany", "ReadWriteOnce
 PULL_POLICIES = ("Always", "IfNotPresent", "Never")
 TOKENIZERS = ("auto", "gpt2", "byte")
 DATA_FORMATS = ("auto", "text", "parquet", "jsonl")
+#: --precision: auto = bf16 on GPUs that have it, else fp16 with loss scaling; fp32 on CPU.
+PRECISIONS = ("auto", "bf16", "fp16", "fp32")
 
 #: The groups options are listed under in `--help`, in this order.
 GROUPS = ("job", "resources", "scheduling", "storage", "training", "data", "checkpoints",
@@ -542,6 +544,13 @@ class JobSpec:
                                help="clip the global gradient norm (0 = off)")
     seed: int = setting(1337, group="training", check=_between(0),
                         help="random seed (model init and data order)")
+    precision: str = setting("auto", group="training", check=_one_of(PRECISIONS),
+                             help="auto (bf16 on GPUs that support it, else fp16 with a gradient "
+                                  "scaler; fp32 on CPU) | bf16 | fp16 | fp32")
+    global_batch_size: Optional[int] = setting(
+        None, group="training", check=_between(1),
+        help="sequences per optimizer step over all workers; reached by gradient accumulation "
+             "(a multiple of workers x --batch-size-per-worker; default: one micro-batch each)")
     fsdp: bool = setting(False, group="training",
                          help="shard the model with FSDP instead of DDP (GPUs only: needs "
                               "--gpu-per-pod)")
@@ -564,6 +573,11 @@ class JobSpec:
     bpe_file: Optional[str] = setting(None, group="data", check=_pod_file,
                                       help="GPT-2 BPE ranks file (tiktoken format) to build the "
                                            "GPT-2 encoding offline")
+    val_data: Optional[str] = setting(None, group="data", check=_text,
+                                      help="validation files (same formats as --data); default: "
+                                           "the dataset's validation split, else a hold-out")
+    limit_rows: Optional[int] = setting(None, group="data", check=_between(1),
+                                        help="read only the first N rows of the data (smoke runs)")
     val_percent: float = setting(5.0, group="data", check=_percent,
                                  help="% of token blocks held out for validation when the data "
                                       "has no validation split")
@@ -618,6 +632,14 @@ class JobSpec:
             raise SpecError(f"--gpu-type {self.gpu_type} selects GPU nodes for GPU workers: add "
                             "--gpu-per-pod N, or leave out --gpu-type")
         _check_fit(self)
+        if self.precision == "fp16" and not self.gpu_per_pod:
+            raise SpecError("--precision fp16 needs GPUs (--gpu-per-pod N); on CPU use auto "
+                            "(fp32) or bf16")
+        if self.global_batch_size is not None:
+            problem = accumulation_problem(self.global_batch_size, self.num_train_workers,
+                                           self.batch_size_per_worker)
+            if problem:
+                raise SpecError(problem)
 
     # --- derived values (pure; the same on the laptop and in the pod) -------------------------------
     @property
@@ -763,6 +785,27 @@ LOCAL_DEFAULTS: dict[str, Any] = {
 
 
 #: Ray Train's FSDP wraps only GPU workers (prepare_model raises on CPU, inside the pod).
+def accumulation_problem(global_batch: int, workers: int, per_worker: int) -> str | None:
+    """Why a global batch cannot be reached by accumulating whole micro-batches, or None."""
+    micro = workers * per_worker
+    if global_batch % micro:
+        lower, upper = max(micro, global_batch // micro * micro), -(-global_batch // micro) * micro
+        return (f"--global-batch-size {global_batch} is not a multiple of {workers} worker(s) x "
+                f"--batch-size-per-worker {per_worker} = {micro}: use {lower}"
+                + (f" or {upper}" if upper != lower else ""))
+    return None
+
+
+def accumulation_steps(global_batch: int | None, workers: int, per_worker: int) -> int:
+    """Micro-batches per optimizer step on each worker (1 without a global batch)."""
+    if global_batch is None:
+        return 1
+    problem = accumulation_problem(global_batch, workers, per_worker)
+    if problem:
+        raise SpecError(problem)
+    return global_batch // (workers * per_worker)
+
+
 FSDP_NEEDS_GPUS = ("--fsdp shards the model across GPUs: add --gpu-per-pod N, or leave out "
                    "--fsdp to train on CPUs with DDP")
 

@@ -1,0 +1,81 @@
+"""What the driver decides before the workers start: GPU/image checks, precision, gradient
+accumulation, steps per epoch (estimated, never counted), the warm-up, and Ray Train's
+DataConfig. One call from the driver (`plan_run`); everything here but the GPU probe is pure
+or cheap, so start-up does not grow with the corpus.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+from submitter.contract.spec import accumulation_steps
+from training.config import TrainConfig
+from training.precision import choose_precision
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    steps_per_epoch: int          # optimizer steps (the cap, or the estimate)
+    estimated: bool               # True: from the data's size; the loop corrects it
+    warmup_steps: int
+    accumulation: int             # micro-batches per optimizer step per worker
+    facts: dict[str, Any] = field(default_factory=dict)  # for run_started
+
+    def loop_config(self) -> dict[str, Any]:
+        """The keys the training loop reads."""
+        return {"steps_per_epoch": self.steps_per_epoch, "warmup_steps": self.warmup_steps}
+
+
+def precision_fact(requested: str, use_gpu: bool, probe: Optional[dict]) -> dict[str, Any]:
+    """run_started's precision fields. CPU jobs and GPU jobs whose GPU node answered the probe
+    get the precision the workers will use; otherwise the request (the workers resolve it)."""
+    if not use_gpu:
+        return choose_precision(requested, "cpu", False).describe()
+    if probe is None:
+        return {"precision": requested, "precision_requested": requested,
+                "precision_reason": "resolved on the GPU workers"}
+    out = choose_precision(requested, "cuda", probe["bf16"]).describe()
+    return {**out, "gpu": probe.get("gpu")}
+
+
+def warmup_for(total: int, warmup_steps: Optional[int]) -> int:
+    return warmup_steps if warmup_steps is not None else max(1, total // 20)
+
+
+def plan_run(cfg: TrainConfig, corpus: Any, tok_spec: Any, block: int,
+             notice: Callable[[str], None]) -> RunPlan:
+    """Checks and decisions before `TorchTrainer.fit`; raises GpuImageError / SpecError (one line)."""
+    from training.data import estimate_blocks, steps_per_epoch_estimate
+    from training.gpu_check import check_gpus_here, probe_gpu_node
+
+    check_gpus_here(cfg.use_gpu, cfg.num_workers)
+    probe = probe_gpu_node() if cfg.use_gpu else None
+    accum = accumulation_steps(cfg.global_batch_size, cfg.num_workers, cfg.batch_size_per_worker)
+    micro = cfg.batch_size_per_worker * cfg.num_workers
+    blocks = estimate_blocks(corpus, tok_spec, block, cfg.val_percent)
+    estimate = steps_per_epoch_estimate(blocks, micro, accum)
+    if cfg.max_steps_per_epoch:
+        spe, estimated = cfg.max_steps_per_epoch, False
+        if blocks is not None:
+            spe = min(spe, estimate)
+            estimated = spe < cfg.max_steps_per_epoch
+    else:
+        spe, estimated = estimate, True
+        notice(f"steps per epoch: ~{spe} (estimated from {corpus.text_bytes or 0:,} bytes of "
+               "text; corrected after the first epoch)")
+    total = spe * cfg.epochs
+    facts = {**precision_fact(cfg.precision, cfg.use_gpu, probe),
+             "accumulation_steps": accum,
+             "global_batch_size": micro * accum,
+             "steps_per_epoch_estimated": estimated}
+    return RunPlan(spe, estimated, warmup_for(total, cfg.warmup_steps), accum, facts)
+
+
+def data_config() -> Any:
+    """Ray Train's dataset sharding without locality hints: which blocks a rank gets then
+    depends only on the data and the rank, not on where Ray ran the read tasks, so a resumed
+    run on other nodes reads the same samples per rank (a sample-exact resume)."""
+    import ray.train
+
+    return ray.train.DataConfig(enable_shard_locality=False)
