@@ -121,8 +121,9 @@ def _files_corpus(data: str, data_format: str, text_column: str) -> Corpus:
 
 
 def _files_size_and_sample(data: str, fmt: str, text_column: str) -> tuple[Optional[int], tuple[str, ...]]:
-    """Bytes of text in the files (file sizes; for Parquet the text column's uncompressed
-    size from the footers) and, for local text files, the first lines. Never raises."""
+    """Bytes of text in the files (file sizes; for Parquet the footers' row counts times the
+    bytes per row of a sample) and a sample of rows (local text files, Parquet). Never
+    raises."""
     try:
         import pyarrow.fs as pafs
 
@@ -136,15 +137,14 @@ def _files_size_and_sample(data: str, fmt: str, text_column: str) -> tuple[Optio
         if fmt == "parquet":
             import pyarrow.parquet as pq
 
-            total = 0
-            for i in infos:
-                meta = pq.ParquetFile(i.path, filesystem=fs).metadata
-                for rg in range(meta.num_row_groups):
-                    group = meta.row_group(rg)
-                    for c in range(group.num_columns):
-                        if group.column(c).path_in_schema == text_column:
-                            total += group.column(c).total_uncompressed_size
-            return total, ()
+            # Rows from the footers; bytes per row from the first 2,000 rows (the column's
+            # stored size says little: dictionary encoding and compression).
+            rows = sum(pq.ParquetFile(i.path, filesystem=fs).metadata.num_rows for i in infos)
+            first = pq.ParquetFile(infos[0].path, filesystem=fs)
+            batch = next(first.iter_batches(batch_size=2000, columns=[text_column]), None)
+            sample = tuple(t or "" for t in batch.column(0).to_pylist()) if batch is not None else ()
+            per_row = sum(len(t.encode()) + 1 for t in sample) / max(1, len(sample))
+            return int(per_row * rows), sample
         total = sum(i.size or 0 for i in infos)
         sample = tuple(_head_lines(infos[0].path)) if fmt == "text" and "://" not in data else ()
         return total, sample

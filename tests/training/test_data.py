@@ -75,3 +75,90 @@ def test_readers_feed_the_same_blocks(tmp_path):
         assert len(b) == 30 and not a & set(b)  # equal blocks hash to the same side
     finally:
         ray.shutdown()
+
+
+# --- fast start: sizes and estimates instead of a counting pass ---------------------------------
+
+def test_hub_tables_are_cut_into_a_block_per_core_or_more():
+    from training.data import HUB_BLOCK_BYTES, hub_block_count
+
+    assert hub_block_count(rows=1000, text_bytes=1_000, cpus=16) == 16
+    assert hub_block_count(rows=10, text_bytes=1_000, cpus=16) == 10
+    assert hub_block_count(rows=10**6, text_bytes=540 * 2**20, cpus=8) == -(-540 * 2**20 // HUB_BLOCK_BYTES)
+    assert hub_block_count(rows=0, text_bytes=0, cpus=4) == 1
+
+
+def test_the_steps_per_epoch_estimate_follows_the_texts_size(tmp_path):
+    from training.data import (Corpus, _files_size_and_sample, estimate_blocks,
+                               steps_per_epoch_estimate)
+
+    text = tmp_path / "a.txt"
+    text.write_text("\n".join(TEXT * 50) + "\n")
+    nbytes, sample = _files_size_and_sample(str(text), "text", "text")
+    assert nbytes == text.stat().st_size and sample[0] == TEXT[0]
+    real = len(tokenize_and_chunk(TEXT * 50, byte_encoding(), 32))
+    corpus = Corpus(None, None, "x", nbytes, sample)
+    blocks = estimate_blocks(corpus, BYTES, 32, val_percent=0.0)
+    assert abs(blocks - real) <= 0.05 * real  # byte tokens: size is the count (+ newlines)
+    assert estimate_blocks(corpus, BYTES, 32, val_percent=10.0) == pytest.approx(0.9 * blocks, abs=1)
+    assert steps_per_epoch_estimate(blocks, 8, 2) == blocks // 16
+    assert steps_per_epoch_estimate(None, 8, 1) == 1
+    assert estimate_blocks(Corpus(None, None, "x"), BYTES, 32, 0.0) is None
+
+
+def test_parquet_text_size_comes_from_the_footers_and_a_sample(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from training.data import _files_size_and_sample
+
+    rows = TEXT * 100  # repetitive: dictionary encoding makes the stored column tiny
+    for part in range(2):
+        pq.write_table(pa.table({"body": rows, "n": list(range(len(rows)))}),
+                       tmp_path / f"part-{part}.parquet", compression="zstd", row_group_size=500)
+    nbytes, sample = _files_size_and_sample(str(tmp_path), "parquet", "body")
+    raw = 2 * sum(len(t.encode()) + 1 for t in rows)
+    assert raw * 0.9 < nbytes < raw * 1.1 and sample[:5] == tuple(TEXT[:5])
+
+
+def test_gpt2_tokens_per_byte_is_measured_on_the_sample():
+    from tests.conftest import shared_file
+    from training.data import Corpus, tokens_per_byte
+    from training.tokens import TokenizerSpec
+
+    bpe = TokenizerSpec("bpe-file", str(shared_file("data", "gpt2.tiktoken")))
+    lines = shared_file("data", "wikitext-2", "valid.txt").read_text().splitlines()[:3000]
+    ratio = tokens_per_byte(Corpus(None, None, "x", 1, tuple(lines)), bpe)
+    assert 0.2 < ratio < 0.3  # ~4 bytes per GPT-2 token on English
+    assert tokens_per_byte(Corpus(None, None, "x", 1, ()), bpe) == 0.25
+
+
+@pytest.mark.slow
+def test_a_hub_dataset_is_tokenized_by_every_core_and_limited(tmp_path):
+    """The Hub path offline: a datasets.DatasetDict built here, as load_dataset returns it."""
+    import datasets
+    import ray
+
+    from training.data import hub_corpus, limited
+
+    rows = [f" line {i} of the corpus . " for i in range(4000)]
+    dd = datasets.DatasetDict({"train": datasets.Dataset.from_dict({"body": rows}),
+                               "validation": datasets.Dataset.from_dict({"body": rows[:100]})})
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    try:
+        from ray.data import DataContext
+
+        DataContext.get_current().execution_options.preserve_order = True
+        corpus = hub_corpus(dd, "body", "local/test")
+        assert corpus.train.num_blocks() >= 4 and "4000 train rows" in corpus.description
+        assert corpus.text_bytes == sum(len(r) for r in rows) and corpus.val is not None
+        train, val = token_datasets(corpus, BYTES, 32, val_percent=5.0)
+        got = np.concatenate([b["input_ids"] for b in train.iter_batches(batch_size=None)])
+        # same blocks as one pass over all rows, only cut per slice
+        expected_tokens = len(tokenize_and_chunk(rows, byte_encoding(), 32))
+        assert abs(len(got) - expected_tokens) <= corpus.train.num_blocks()
+        small = limited(corpus, 10)
+        assert small.train.count() == 10 and small.text_bytes < corpus.text_bytes
+        assert hub_corpus(dd, "body", "x", limit_rows=7).train.count() == 7
+    finally:
+        ray.shutdown()

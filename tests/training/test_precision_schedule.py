@@ -74,3 +74,50 @@ def test_the_same_total_keeps_the_plan_and_a_new_run_gets_a_first_plan():
     assert resumed_plan(plan.to_dict(), 40, 100, None, 0.1) == plan
     assert resumed_plan(None, 0, 100, None, 0.1) == plan
     assert resumed_plan({"last_epoch": 3}, 3, 100, None, 0.1) == plan  # an old LambdaLR state
+
+
+def test_gradient_accumulation_reaches_the_global_batch_or_says_what_would():
+    from submitter.contract.errors import SpecError
+    from submitter.contract.spec import JobSpec, accumulation_steps
+
+    assert accumulation_steps(None, 4, 8) == 1
+    assert accumulation_steps(256, 4, 8) == 8
+    with pytest.raises(SpecError, match="use 64 or 96") as e:
+        accumulation_steps(80, 4, 8)
+    assert "\n" not in str(e.value)
+    with pytest.raises(SpecError, match="use 32"):
+        JobSpec.build(name="j", replicas=2, batch_size_per_worker=16, global_batch_size=20)
+    assert JobSpec.build(name="j", replicas=2, global_batch_size=64).global_batch_size == 64
+
+
+def test_fp16_needs_gpus_at_render_time():
+    from submitter.contract.errors import SpecError
+    from submitter.contract.spec import JobSpec
+
+    with pytest.raises(SpecError, match="gpu-per-pod"):
+        JobSpec.build(name="j", precision="fp16")
+    assert JobSpec.build(name="j", precision="fp16", gpu_per_pod=1).precision == "fp16"
+
+
+def test_run_started_precision_on_cpu_gpu_and_unknown_gpu():
+    from training.run_plan import precision_fact
+
+    assert precision_fact("auto", False, None)["precision"] == "fp32"
+    assert precision_fact("auto", True, {"bf16": False, "gpu": "T4"}) == {
+        "precision": "fp16", "precision_requested": "auto",
+        "precision_reason": "this GPU has no bf16: fp16 with loss scaling", "gpu": "T4"}
+    assert precision_fact("auto", True, None)["precision"] == "auto"
+
+
+def test_gpu_jobs_on_the_wrong_image_fail_with_the_fix():
+    from training.gpu_check import GpuFacts, gpu_problem
+
+    good = GpuFacts(cuda_built=True, nccl_available=True, cluster_gpus=8)
+    assert gpu_problem(False, 8, GpuFacts(False, False, 0)) is None  # CPU jobs: nothing to check
+    assert gpu_problem(True, 8, good) is None
+    no_cuda = gpu_problem(True, 8, GpuFacts(False, False, 8))
+    assert "no CUDA" in no_cuda and "-gpu image" in no_cuda and "\n" not in no_cuda
+    assert "NCCL" in gpu_problem(True, 8, GpuFacts(True, False, 8))
+    short = gpu_problem(True, 8, GpuFacts(True, True, 4))
+    assert "8 GPU worker(s)" in short and "4 GPU(s)" in short
+    assert gpu_problem(True, 8, GpuFacts(True, True, 0), autoscaling=True) is None
