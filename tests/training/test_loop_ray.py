@@ -1,0 +1,74 @@
+"""The step loop on real Ray: gradient accumulation to a global batch, no counting pass (the
+steps per epoch are estimated, then corrected), a separate validation file, --limit-rows,
+data-wait reporting, and a run extended with one more epoch whose LR continues smoothly."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import shared_file
+from submitter.contract import events as ev
+from submitter.contract import naming
+from training.args import parse_args
+from training.driver import prepare_run
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def fresh_ray():
+    import ray
+
+    yield
+    ray.shutdown()
+
+
+def _run(storage: Path, *extra: str):
+    from training.driver import run
+
+    argv = ["--name", "acc", "--storage-path", str(storage), "--model", "tiny",
+            "--data", str(shared_file("data", "wikitext-2", "valid.txt")),
+            "--val-data", str(shared_file("data", "wikitext-2", "test.txt")),
+            "--limit-rows", "500", "--tokenizer", "byte", "--block-size", "64",
+            "--val-steps", "4", "--replicas", "1", "--batch-size-per-worker", "4",
+            "--global-batch-size", "16", "--progress-every", "5", "--seed", "3", *extra]
+    cfg, _ = prepare_run(parse_args(argv, environ={}), environ={})
+    return run(cfg, on_event=lambda e: None, notice=lambda line: None)
+
+
+def test_accumulation_estimate_and_an_extension_that_continues_the_schedule(storage, fresh_ray):
+    import ray
+    import torch
+
+    first = _run(storage, "--epochs", "2")
+    assert first.ok, first.error
+    events = ev.parse_lines((storage / "acc" / naming.EVENTS_FILE).read_text())
+    started = events[0]
+    assert started["type"] == "run_started"
+    assert started["precision"] == "fp32" and started["accumulation_steps"] == 4
+    assert started["global_batch_size"] == 16 and started["steps_per_epoch_estimated"] is True
+    assert "validation" in started["data"] and "first 500 rows" in started["data"]
+    progress = [e for e in events if e["type"] == "progress"]
+    assert progress and all(0.0 <= e["data_wait_fraction"] <= 1.0 for e in progress)
+    epochs = [e for e in events if e["type"] == "epoch_finished"]
+    assert len(epochs) == 2 and epochs[0]["steps"] == epochs[1]["steps"] > 0
+    real = epochs[0]["steps"]
+    blob = torch.load(Path(events[-1]["latest_checkpoint"]) / "state.pt", weights_only=False)
+    assert blob["steps_per_epoch"] == real and blob["accumulation"] == 4
+    plan = blob["scheduler"]
+    assert plan["kind"] == "lr_plan" and plan["total"] == 2 * real  # corrected to the real figure
+    lr_before = [e["lr"] for e in events if e["type"] == "progress"]
+    ray.shutdown()
+
+    more = _run(storage, "--epochs", "3")
+    assert more.ok, more.error
+    events = ev.parse_lines((storage / "acc" / naming.EVENTS_FILE).read_text())
+    resumed = [e for e in events if e["type"] == "run_resumed"]
+    assert resumed and resumed[-1]["step"] == 2 * real
+    after = [e for e in events[events.index(resumed[-1]):] if e["type"] == "progress"]
+    # no jump: the extension starts below the LR the run had already reached, and decays
+    assert after[0]["lr"] <= lr_before[-1] * 1.0001
+    assert all(b["lr"] <= a["lr"] * 1.0001 for a, b in zip(after, after[1:]))
+    assert events[-1]["type"] == "run_finished" and events[-1]["step"] == 3 * real
