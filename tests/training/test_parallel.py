@@ -126,3 +126,30 @@ def test_the_bf16_compress_hook_exists_where_we_look_it_up():
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
     assert callable(default_hooks.bf16_compress_hook) and callable(default_hooks.fp16_compress_hook)
+
+
+def test_fsdp_fp16_steps_with_the_sharded_scaler_unscaled_before_the_clip(one_rank_group):
+    """fp16 under FSDP2: ShardedGradScaler handles the DTensor gradients; after unscale_ the
+    clip sees the true norm (the same as an unscaled fp32 backward's, roughly), not 65536x."""
+    from training.precision import Precision, make_scaler
+
+    fp16 = Precision("fp16", "fp16", "test")
+    model = shard_fsdp(_model(), fp16)
+    opt = build_optimizer(model, 1e-3, 0.1, (0.9, 0.95))
+    scaler = make_scaler(fp16, "cpu", sharded=True)
+    assert type(scaler).__name__ == "ShardedGradScaler"
+    x = torch.randint(0, 256, (4, BLOCK))
+    losses = []
+    for _ in range(3):
+        with fp16.autocast("cpu"):
+            loss = model(input_ids=x, labels=x).loss
+        scaler.scale(loss).backward()
+        scaler.unscale_(opt)
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+        assert 0 < norm < 100, norm  # unscaled: a scaled norm would be ~1e5
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+    assert losses[-1] < losses[0]
