@@ -121,7 +121,7 @@ def train_func(loop_config: dict[str, Any]) -> None:
     model_config = gpt2_config(cfg.model, loop_config["vocab_size"], loop_config["eot_id"],
                                cfg.block_size)
     block = model_config.n_positions
-    model, _facts = wrap_model(build_model(model_config), fsdp=cfg.fsdp, precision=precision,
+    model, worker_facts = wrap_model(build_model(model_config), fsdp=cfg.fsdp, precision=precision,
                                world=world, device=device)
     optimizer = build_optimizer(model, cfg.learning_rate, cfg.weight_decay, BETAS)
     scaler = make_scaler(precision, device.type, sharded=is_fsdp(model))
@@ -260,16 +260,19 @@ def train_func(loop_config: dict[str, Any]) -> None:
             epoch_wait, window_wait = epoch_wait + waited, window_wait + waited
 
             if step % cfg.progress_every == 0 or first_step:
-                first_step = False
                 loss_sum = window_loss.item()  # the one host sync per window
                 elapsed = time.perf_counter() - window_start
                 mean_loss, wait_fraction = _all_mean(
                     [loss_sum / window_steps, window_wait / elapsed if elapsed else 0.0], device)
+                # the first report of a start also says how the workers train
+                how = ({"precision": precision.name, "accumulation_steps": accum, **worker_facts}
+                       if first_step else {})
                 events.emit("progress", epoch=epoch + 1, step=step, loss=round(mean_loss, 5),
                             tokens_per_sec=round(tokens_per_step * window_steps / elapsed, 1),
-                            data_wait_fraction=round(wait_fraction, 4), lr=last_lr)
+                            data_wait_fraction=round(wait_fraction, 4), lr=last_lr, **how)
                 window_loss.zero_()
                 window_steps, window_start, window_wait = 0, time.perf_counter(), 0.0
+                first_step = False
             last_of_epoch = bool(cap) and done_in_epoch >= cap
             if cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and not last_of_epoch:
                 val_loss = evaluate()
