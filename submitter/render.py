@@ -32,7 +32,8 @@ def storage_decision(spec: JobSpec) -> StorageDecision:
     pod reads that only exist on this machine."""
     decision = check_job_storage(spec.resolved_storage_path, spec.storage_mount,
                                  spec.storage_access_mode)
-    for flag, path in (("--data", spec.data), ("--bpe-file", spec.bpe_file)):
+    for flag, path in (("--data", spec.data), ("--val-data", spec.val_data),
+                       ("--bpe-file", spec.bpe_file)):
         if path is not None:
             check_pod_file(flag, path, spec.storage_mount)
     return decision

@@ -573,7 +573,7 @@ class JobSpec:
     bpe_file: Optional[str] = setting(None, group="data", check=_pod_file,
                                       help="GPT-2 BPE ranks file (tiktoken format) to build the "
                                            "GPT-2 encoding offline")
-    val_data: Optional[str] = setting(None, group="data", check=_text,
+    val_data: Optional[str] = setting(None, group="data", check=_pod_file,
                                       help="validation files (same formats as --data); default: "
                                            "the dataset's validation split, else a hold-out")
     limit_rows: Optional[int] = setting(None, group="data", check=_between(1),

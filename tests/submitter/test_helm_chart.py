@@ -419,6 +419,7 @@ PROBES: dict[str, list[Any]] = {
     "val_percent": [0.0, 5.0, 99.5, 100.0, -1.0],
     "cpu_per_pod": ["4", "500m", "0.5", ".5", "1.5Gi", 4, "four", "4 ", "-1", "1e3", "", "0",
                     "0m", 0, "\u0664", "2", "1", "1001m", "2000m"],
+    "precision": ["auto", "bf16", "fp16", "fp32", "fp8", ""],
 }
 for _f in fields():  # every yes/no and whole-number field: both sides agree at the bounds
     _kind = field_types()[_f.name]
@@ -465,7 +466,7 @@ def test_a_trailing_newline_is_refused_by_both(field: str, value: str) -> None:
 def test_every_jobspec_field_is_probed() -> None:
     same_check = {"memory_per_pod": "cpu_per_pod", "head_cpu": "cpu_per_pod",
                   "head_memory": "cpu_per_pod", "storage_size": "cpu_per_pod",
-                  "bpe_file": "data", "text_column": "dataset",
+                  "bpe_file": "data", "val_data": "data", "text_column": "dataset",
                   "grad_clip": "weight_decay"}
     assert set(PROBES) | set(same_check) == {f.name for f in fields()}
     checks = {f.name: f.metadata["check"] for f in fields()}
