@@ -141,8 +141,10 @@ def main() -> None:
                       f"loss {r['first_loss']:.3f} -> {r['last_loss']:.3f}, "
                       f"peak memory {r['memory_gb']:.1f} GB", flush=True)
     try:
-        from tests.training.test_parallel import _fsdp_save_resume_same_next_loss
-
+        try:
+            from tests.training.test_parallel import _fsdp_save_resume_same_next_loss
+        except ImportError as e:  # the checkout's tests need the test extras (pytest)
+            raise RuntimeError(f"{e}: pip install -e '.[test]' for this check") from e
         _fsdp_save_resume_same_next_loss("cuda", precisions[0])
         print(f"ok   fsdp save -> resume: same next-step losses ({precisions[0]})")
     except Exception as e:  # noqa: BLE001
