@@ -275,9 +275,12 @@ def train_func(loop_config: dict[str, Any]) -> None:
                 first_step = False
             last_of_epoch = bool(cap) and done_in_epoch >= cap
             if cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and not last_of_epoch:
+                t_pause = time.perf_counter()
                 val_loss = evaluate()
                 save({"epoch": epoch + 1, "step": step, "val_loss": val_loss,
                       "train_loss": epoch_loss.item() / epoch_steps}, epoch, done_in_epoch, False)
+                paused = time.perf_counter() - t_pause  # not training time: out of tokens/s
+                epoch_start, window_start = epoch_start + paused, window_start + paused
 
         # --- end of epoch: the real steps per epoch, validate, report, checkpoint -------------
         if not measured and done_in_epoch:  # (skipped steps of a resumed epoch count too)
@@ -285,8 +288,8 @@ def train_func(loop_config: dict[str, Any]) -> None:
             if done_in_epoch != steps_per_epoch:
                 steps_per_epoch = done_in_epoch
                 plan = plan.replan(step, planned_total(steps_per_epoch, cfg.epochs))
-        val_loss = evaluate()
         epoch_time = time.perf_counter() - epoch_start
+        val_loss = evaluate()
         train_loss, tok_s, wait_fraction = _all_mean(
             [epoch_loss.item() / max(1, epoch_steps),
              tokens_per_step * epoch_steps / epoch_time if epoch_time else 0.0,
