@@ -121,3 +121,11 @@ def test_gpu_jobs_on_the_wrong_image_fail_with_the_fix():
     short = gpu_problem(True, 8, GpuFacts(True, True, 4))
     assert "8 GPU worker(s)" in short and "4 GPU(s)" in short
     assert gpu_problem(True, 8, GpuFacts(True, True, 0), autoscaling=True) is None
+
+
+def test_each_epoch_and_rank_gets_its_own_stable_shuffle_seed():
+    from training.loop import shuffle_seed
+
+    seeds = {shuffle_seed(1337, e, r) for e in range(5) for r in range(4)}
+    assert len(seeds) == 20
+    assert shuffle_seed(1337, 2, 1) == shuffle_seed(1337, 2, 1) != shuffle_seed(1338, 2, 1)
