@@ -129,3 +129,29 @@ def test_each_epoch_and_rank_gets_its_own_stable_shuffle_seed():
     seeds = {shuffle_seed(1337, e, r) for e in range(5) for r in range(4)}
     assert len(seeds) == 20
     assert shuffle_seed(1337, 2, 1) == shuffle_seed(1337, 2, 1) != shuffle_seed(1338, 2, 1)
+
+
+def test_the_run_plan_estimates_steps_caps_them_and_says_so():
+    from submitter.contract.spec import JobSpec
+    from training.config import TrainConfig
+    from training.data import Corpus
+    from training.run_plan import plan_run
+    from training.tokens import TokenizerSpec
+
+    def plan(corpus, **settings):
+        cfg = TrainConfig.from_spec(JobSpec.build(name="p", model="tiny", **settings), "/x")
+        return plan_run(cfg, corpus, TokenizerSpec("byte"), 64, lambda line: None)
+
+    big = Corpus(None, None, "x", text_bytes=64 * 16 * 1000)  # 1000 steps of 2 x 8 blocks
+    p = plan(big, val_percent=0.0)
+    assert (p.steps_per_epoch, p.estimated, p.accumulation) == (1000, True, 1)
+    assert p.warmup_steps == 2 * 1000 // 20 and p.facts["precision"] == "fp32"
+    assert plan(big, val_percent=0.0, global_batch_size=64).steps_per_epoch == 250
+    capped = plan(big, val_percent=0.0, max_steps_per_epoch=30)
+    assert (capped.steps_per_epoch, capped.estimated) == (30, False)
+    short = plan(Corpus(None, None, "x", text_bytes=64 * 16 * 10), val_percent=0.0,
+                 max_steps_per_epoch=30)
+    assert (short.steps_per_epoch, short.estimated) == (10, True)
+    unknown = plan(Corpus(None, None, "x"), max_steps_per_epoch=30)
+    assert unknown.steps_per_epoch == 30 and unknown.loop_config() == {
+        "steps_per_epoch": 30, "warmup_steps": unknown.warmup_steps}
