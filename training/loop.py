@@ -142,11 +142,14 @@ def train_func(loop_config: dict[str, Any]) -> None:
     start_epoch, skip, step = resume_point(state)
     # Steps per epoch: the driver's estimate until an epoch has ended (then the real figure,
     # kept in the checkpoint); the LR plan re-plans from the current LR when it changes.
-    steps_per_epoch = (state or {}).get("steps_per_epoch") or loop_config["steps_per_epoch"]
-    plan = resumed_plan((state or {}).get("scheduler"), step,
+    # An estimate that proves too low while the first epoch runs is doubled (and the plan
+    # re-planned from the current LR) each time the epoch outlasts it.
+    saved = state or {}
+    steps_per_epoch = saved.get("steps_per_epoch") or loop_config["steps_per_epoch"]
+    measured = bool(saved.get("steps_per_epoch_measured", saved.get("steps_per_epoch")))
+    plan = resumed_plan(saved.get("scheduler"), step,
                         planned_total(steps_per_epoch, cfg.epochs), loop_config["warmup_steps"],
                         MIN_LR_RATIO)
-    measured = bool((state or {}).get("steps_per_epoch"))
     events.started(resumed_from, epoch=start_epoch + 1, step=step)
 
     def save(metrics: dict[str, Any], epoch: int, step_in_epoch: int, epoch_done: bool) -> None:
@@ -164,7 +167,8 @@ def train_func(loop_config: dict[str, Any]) -> None:
                             "step": step, "step_in_epoch": step_in_epoch,
                             "epoch_done": epoch_done, "config": cfg.to_dict(),
                             "model_config": model_config.to_dict(),
-                            "steps_per_epoch": steps_per_epoch if measured else None,
+                            "steps_per_epoch": steps_per_epoch,
+                            "steps_per_epoch_measured": measured,
                             "accumulation": accum, "precision": precision.name,
                             "scaler": scaler.state_dict() if scaler is not None else None},
                            os.path.join(tmp, STATE_FILE))
@@ -247,6 +251,9 @@ def train_func(loop_config: dict[str, Any]) -> None:
             if next(batches, None) is None:      # read on the host, never copied to the device
                 break
         while not (cap and done_in_epoch >= cap):
+            if not measured and done_in_epoch >= steps_per_epoch:  # the estimate was low
+                steps_per_epoch *= 2
+                plan = plan.replan(step, planned_total(steps_per_epoch, cfg.epochs))
             t_wait = time.perf_counter()
             micro = [b for b in (next(batches, None) for _ in range(accum)) if b is not None]
             waited = time.perf_counter() - t_wait

@@ -14,6 +14,11 @@ from training.config import TrainConfig
 from training.precision import choose_precision
 
 
+#: The first plan's epoch length when the data's size is unknown, and its warm-up.
+UNKNOWN_STEPS_PER_EPOCH = 1_000_000
+UNKNOWN_WARMUP = 100
+
+
 @dataclass(frozen=True)
 class RunPlan:
     steps_per_epoch: int          # optimizer steps (the cap, or the estimate)
@@ -55,11 +60,18 @@ def plan_run(cfg: TrainConfig, corpus: Any, tok_spec: Any, block: int,
     micro = cfg.batch_size_per_worker * cfg.num_workers
     blocks = estimate_blocks(corpus, tok_spec, block, cfg.val_percent)
     estimate = steps_per_epoch_estimate(blocks, micro, accum)
+    warmup = None
     if cfg.max_steps_per_epoch:
         spe, estimated = cfg.max_steps_per_epoch, False
         if blocks is not None:
             spe = min(spe, estimate)
             estimated = spe < cfg.max_steps_per_epoch
+    elif blocks is None:
+        # Nothing to estimate from (e.g. unreadable metadata): a long first plan keeps the LR
+        # near its peak until the first epoch ends and says how long an epoch is.
+        spe, estimated, warmup = UNKNOWN_STEPS_PER_EPOCH, True, UNKNOWN_WARMUP
+        notice("steps per epoch: unknown until the first epoch ends (the LR stays near its "
+               "peak until then)")
     else:
         spe, estimated = estimate, True
         notice(f"steps per epoch: ~{spe} (estimated from {corpus.text_bytes or 0:,} bytes of "
@@ -69,7 +81,9 @@ def plan_run(cfg: TrainConfig, corpus: Any, tok_spec: Any, block: int,
              "accumulation_steps": accum,
              "global_batch_size": micro * accum,
              "steps_per_epoch_estimated": estimated}
-    return RunPlan(spe, estimated, warmup_for(total, cfg.warmup_steps), accum, facts)
+    warmup = cfg.warmup_steps if cfg.warmup_steps is not None else warmup
+    return RunPlan(spe, estimated, warmup if warmup is not None else warmup_for(total, None),
+                   accum, facts)
 
 
 def data_config() -> Any:

@@ -155,3 +155,17 @@ def test_the_run_plan_estimates_steps_caps_them_and_says_so():
     unknown = plan(Corpus(None, None, "x"), max_steps_per_epoch=30)
     assert unknown.steps_per_epoch == 30 and unknown.loop_config() == {
         "steps_per_epoch": 30, "warmup_steps": unknown.warmup_steps}
+
+
+def test_an_unknown_data_size_plans_a_long_first_epoch():
+    from submitter.contract.spec import JobSpec
+    from training.config import TrainConfig
+    from training.data import Corpus
+    from training.run_plan import UNKNOWN_STEPS_PER_EPOCH, UNKNOWN_WARMUP, plan_run
+    from training.tokens import TokenizerSpec
+
+    cfg = TrainConfig.from_spec(JobSpec.build(name="p", model="tiny"), "/x")
+    p = plan_run(cfg, Corpus(None, None, "x"), TokenizerSpec("byte"), 64, lambda line: None)
+    assert (p.steps_per_epoch, p.warmup_steps) == (UNKNOWN_STEPS_PER_EPOCH, UNKNOWN_WARMUP)
+    plan = first_plan(p.steps_per_epoch * 2, p.warmup_steps, 0.1)
+    assert plan.factor(5000) > 0.99  # near the peak until the first epoch says how long it is
