@@ -61,13 +61,27 @@ def gather_facts() -> GpuFacts:
                     local_cuda=torch.cuda.is_available())
 
 
-def check_gpus_here(use_gpu: bool, workers: int, autoscaling: bool = False) -> None:
+#: How long the GPU count may take to reach the job's (worker nodes whose pods run but whose
+#: raylets have not joined yet); the image checks fail at once.
+GPU_WAIT_S = 60.0
+
+
+def check_gpus_here(use_gpu: bool, workers: int, autoscaling: bool = False,
+                    wait_s: float = GPU_WAIT_S) -> None:
     """Raise GpuImageError when the GPU job cannot start here (no-op for CPU jobs)."""
+    import time
+
     if not use_gpu:
         return
-    problem = gpu_problem(use_gpu, workers, gather_facts(), autoscaling)
-    if problem:
-        raise GpuImageError(problem)
+    deadline = time.monotonic() + wait_s
+    while True:
+        facts = gather_facts()
+        problem = gpu_problem(use_gpu, workers, facts, autoscaling)
+        if problem is None:
+            return
+        if not (facts.cuda_built and facts.nccl_available) or time.monotonic() >= deadline:
+            raise GpuImageError(problem)
+        time.sleep(2.0)
 
 
 def _probe() -> dict:

@@ -169,3 +169,20 @@ def test_an_unknown_data_size_plans_a_long_first_epoch():
     assert (p.steps_per_epoch, p.warmup_steps) == (UNKNOWN_STEPS_PER_EPOCH, UNKNOWN_WARMUP)
     plan = first_plan(p.steps_per_epoch * 2, p.warmup_steps, 0.1)
     assert plan.factor(5000) > 0.99  # near the peak until the first epoch says how long it is
+
+
+def test_the_gpu_check_waits_for_gpus_but_not_for_a_wrong_image(monkeypatch):
+    from training import gpu_check
+    from training.gpu_check import GpuFacts, GpuImageError, check_gpus_here
+
+    seen = iter([GpuFacts(True, True, 0), GpuFacts(True, True, 2), GpuFacts(True, True, 4)])
+    monkeypatch.setattr(gpu_check, "gather_facts", lambda: next(seen))
+    monkeypatch.setattr("time.sleep", lambda s: None)
+    check_gpus_here(True, 4, wait_s=60)  # the GPU nodes joined: fine
+    monkeypatch.setattr(gpu_check, "gather_facts", lambda: GpuFacts(False, False, 8))
+    with pytest.raises(GpuImageError, match="no CUDA"):
+        check_gpus_here(True, 4, wait_s=3600)  # at once: waiting cannot fix an image
+    monkeypatch.setattr(gpu_check, "gather_facts", lambda: GpuFacts(True, True, 1))
+    with pytest.raises(GpuImageError, match="4 GPU worker"):
+        check_gpus_here(True, 4, wait_s=0)
+    check_gpus_here(False, 4)  # CPU jobs never look
