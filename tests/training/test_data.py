@@ -54,7 +54,7 @@ def test_readers_feed_the_same_blocks(tmp_path):
     (tmp_path / "a.txt").write_text("\n".join(TEXT) + "\n")
     (tmp_path / "a.jsonl").write_text("".join(json.dumps({"body": t}) + "\n" for t in TEXT))
     pq.write_table(pa.table({"body": TEXT, "other": list(range(len(TEXT)))}), tmp_path / "a.parquet")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         from ray.data import DataContext
 
@@ -144,7 +144,7 @@ def test_a_hub_dataset_is_tokenized_by_every_core_and_limited(tmp_path):
     rows = [f" line {i} of the corpus . " for i in range(4000)]
     dd = datasets.DatasetDict({"train": datasets.Dataset.from_dict({"body": rows}),
                                "validation": datasets.Dataset.from_dict({"body": rows[:100]})})
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
     try:
         from ray.data import DataContext
 
