@@ -869,6 +869,10 @@ def _aliases() -> dict[str, str]:
     return out
 
 
+#: The longest list of valid keys an unknown-key error prints.
+MAX_KEY_LISTING = 700
+
+
 def _field_name(key: Any) -> str:
     if not isinstance(key, str):
         raise SpecError(f"setting names are text, got {_show(key)}")
@@ -878,7 +882,10 @@ def _field_name(key: Any) -> str:
 
         valid = sorted({f.name for f in dataclasses.fields(JobSpec)})
         close = difflib.get_close_matches(key.replace("-", "_"), valid, n=1)
-        hint = f"; did you mean {close[0]!r}?" if close else f"; valid keys: {', '.join(valid)}"
+        listing = ", ".join(valid)
+        if len(listing) > MAX_KEY_LISTING:  # one readable line, however many settings exist
+            listing = f"the {len(valid)} settings `submitter render --help` lists"
+        hint = f"; did you mean {close[0]!r}?" if close else f"; valid keys: {listing}"
         raise SpecError(f"unknown job setting {_show(key)}{hint}")
     return name
 
