@@ -81,6 +81,8 @@ def plan_run(cfg: TrainConfig, corpus: Any, tok_spec: Any, block: int,
              "accumulation_steps": accum,
              "global_batch_size": micro * accum,
              "steps_per_epoch_estimated": estimated}
+    if spe == UNKNOWN_STEPS_PER_EPOCH and blocks is None:
+        facts["steps_per_epoch"] = None  # unknown: no total, no ETA, until an epoch ends
     warmup = cfg.warmup_steps if cfg.warmup_steps is not None else warmup
     return RunPlan(spe, estimated, warmup if warmup is not None else warmup_for(total, None),
                    accum, facts)

@@ -167,6 +167,7 @@ def test_an_unknown_data_size_plans_a_long_first_epoch():
     cfg = TrainConfig.from_spec(JobSpec.build(name="p", model="tiny"), "/x")
     p = plan_run(cfg, Corpus(None, None, "x"), TokenizerSpec("byte"), 64, lambda line: None)
     assert (p.steps_per_epoch, p.warmup_steps) == (UNKNOWN_STEPS_PER_EPOCH, UNKNOWN_WARMUP)
+    assert p.facts["steps_per_epoch"] is None  # run_started: no made-up total for the ETA
     plan = first_plan(p.steps_per_epoch * 2, p.warmup_steps, 0.1)
     assert plan.factor(5000) > 0.99  # near the peak until the first epoch says how long it is
 
