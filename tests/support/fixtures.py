@@ -57,10 +57,13 @@ def operator(api: Running) -> Any:
 
 def durable_dir(tmp_path_factory: Any) -> Iterator[Path]:
     """A fresh absolute directory outside the scratch trees the local policy refuses."""
+    import tempfile
+
     base = Path(os.environ.get("SUBMITTER_TEST_RUNS",
                                Path.home() / ".cache" / "submitter-test-runs"))
-    path = base / tmp_path_factory.mktemp("r").name
-    path.mkdir(parents=True, exist_ok=True)
+    base.mkdir(parents=True, exist_ok=True)
+    # unique across pytest sessions too (tmp_path_factory's names restart at r0 in each one)
+    path = Path(tempfile.mkdtemp(prefix=tmp_path_factory.mktemp("r").name + "-", dir=base))
     yield path
     shutil.rmtree(path, ignore_errors=True)
 
