@@ -156,8 +156,10 @@ def _renders(spec: JobSpec) -> bool:
 
 
 def _user_keys(spec: JobSpec) -> set[str]:
-    """Keys the user chose (env names, and the keys of any mapping setting): data, not structure."""
-    return {k for v in spec.to_dict().values() if isinstance(v, dict) for k in v}
+    """Keys the user chose (env names, the keys of any mapping setting, and the GPU product
+    label key, which becomes a nodeSelector key): data, not structure."""
+    chosen = {k for v in spec.to_dict().values() if isinstance(v, dict) for k in v}
+    return chosen | ({spec.gpu_type_label} if spec.gpu_type else set())
 
 
 #: Every key the templates write (over specs that switch every optional part on or off), plus
