@@ -88,6 +88,8 @@ def context(spec: JobSpec) -> dict[str, Any]:
     return {
         "spec": spec.to_dict(),
         "names": n,
+        # --replicas N or MIN:MAX (an elastic group: KubeRay's autoscaler between the two)
+        "replicas": {"min": spec.min_replicas, "max": spec.max_replicas, "elastic": spec.elastic},
         "labels": labels,
         "annotations": {**spec.annotation, **naming.annotations(spec.namespace, spec.name)},
         "rayjob_labels": ({**labels, KUEUE_QUEUE_LABEL: spec.queue} if spec.queue is not None

@@ -24,7 +24,7 @@ from tests.support.helm import CHART_DIR
 SAMPLES = {
     "name": "sample-job", "namespace": "team-a", "image": "reg.io/team/gpt2:1.0",
     "image_pull_policy": "Always", "env": {"WANDB_MODE": "offline"},
-    "replicas": 3, "gpu_per_pod": 2, "cpu_per_pod": "8", "memory_per_pod": "32Gi",
+    "replicas": "2:3", "gpu_per_pod": 2, "cpu_per_pod": "8", "memory_per_pod": "32Gi",
     "head_cpu": "1", "head_memory": "4Gi",
     "storage_path": "s3://bucket/runs", "storage_mount": "/mnt/ckpt", "storage_size": "5Ti",
     "storage_class": "nfs-client", "storage_access_mode": "ReadWriteOnce",

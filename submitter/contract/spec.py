@@ -182,6 +182,32 @@ def _between(lo: int, hi: int = INT32_MAX) -> Check:
     return check
 
 
+#: --replicas: N (a fixed group) or MIN:MAX (an elastic one); ASCII digits, no spaces.
+_REPLICAS = re.compile(r"^([1-9][0-9]{0,4})(:([1-9][0-9]{0,4}))?$", re.ASCII)
+MAX_REPLICAS = 10_000
+
+
+@_schema({"anyOf": [{"type": "integer", "minimum": 1, "maximum": MAX_REPLICAS},
+                    {"type": "string", "pattern": _REPLICAS.pattern}]})
+def _replicas(v: str) -> str | None:
+    m = _REPLICAS.fullmatch(v)
+    if m is None:
+        return (f"{_show(v)} is neither a number of worker pods (e.g. 8) nor a MIN:MAX range "
+                "(e.g. 2:8)")
+    low, high = int(m[1]), int(m[3] or m[1])
+    if high > MAX_REPLICAS:
+        return f"must be at most {MAX_REPLICAS}, got {high}"
+    if low > high:
+        return f"{v}: MIN must not be larger than MAX, e.g. {high}:{low}"
+    return None
+
+
+def replica_range(replicas: str) -> tuple[int, int]:
+    """A checked --replicas value -> (min, max) worker pods; N gives (N, N)."""
+    low, _, high = replicas.partition(":")
+    return int(low), int(high or low)
+
+
 @_schema({"exclusiveMinimum": 0})
 def _positive_float(v: float) -> str | None:
     return None if 0 < v < math.inf else f"must be a positive number, got {v}"
@@ -443,8 +469,11 @@ class JobSpec:
                                               "(repeatable)")
 
     # --- resources ----------------------------------------------------------------------------
-    replicas: int = setting(2, group="resources", check=_between(1, 10_000),
-                            help="worker pods (with --local: CPU workers)")
+    replicas: str = setting(
+        "2", group="resources", check=_replicas, metavar="N|MIN:MAX",
+        help="worker pods (with --local: CPU workers); MIN:MAX = an elastic group that KubeRay's "
+             "autoscaler and Ray Train grow and shrink between MIN and MAX (keep the optimizer "
+             "step the same with --global-batch-size)")
     gpu_per_pod: int = setting(0, group="resources", check=_between(0, 64),
                                help="GPUs per worker pod (nvidia.com/gpu); 0 = CPU training")
     cpu_per_pod: str = setting("4", group="resources", check=_positive_quantity,
@@ -636,8 +665,11 @@ class JobSpec:
             raise SpecError("--precision fp16 needs GPUs (--gpu-per-pod N); on CPU use auto "
                             "(fp32) or bf16")
         if self.global_batch_size is not None:
-            problem = accumulation_problem(self.global_batch_size, self.num_train_workers,
-                                           self.batch_size_per_worker)
+            problem = (global_batch_problem(self.global_batch_size, self.min_train_workers,
+                                            self.num_train_workers, self.batch_size_per_worker)
+                       if self.elastic else
+                       accumulation_problem(self.global_batch_size, self.num_train_workers,
+                                            self.batch_size_per_worker))
             if problem:
                 raise SpecError(problem)
 
@@ -652,9 +684,30 @@ class JobSpec:
         return self.storage_path if self.storage_path is not None else self.storage_mount
 
     @property
+    def min_replicas(self) -> int:
+        """Worker pods the group never goes below (= replicas for a fixed group)."""
+        return replica_range(self.replicas)[0]
+
+    @property
+    def max_replicas(self) -> int:
+        """Worker pods the group may grow to (= replicas for a fixed group)."""
+        return replica_range(self.replicas)[1]
+
+    @property
+    def elastic(self) -> bool:
+        """--replicas MIN:MAX with MIN < MAX: KubeRay autoscales, Ray Train resizes."""
+        return self.min_replicas < self.max_replicas
+
+    @property
+    def min_train_workers(self) -> int:
+        """Ray Train workers of the smallest group: one per GPU, or one per pod on CPU."""
+        return self.min_replicas * self.workers_per_pod
+
+    @property
     def num_train_workers(self) -> int:
-        """Ray Train workers: one per GPU, or one per pod on CPU."""
-        return self.replicas * self.gpu_per_pod if self.gpu_per_pod else self.replicas
+        """Ray Train workers of the largest group (of the group, when it is fixed): one per
+        GPU, or one per pod on CPU. Resources are sized for it."""
+        return self.max_replicas * self.workers_per_pod
 
     @property
     def workers_per_pod(self) -> int:
@@ -741,6 +794,28 @@ def _check_fit(spec: "JobSpec") -> None:
             f"--cpu-per-pod {spec.cpu_per_pod} gives Ray {cpus} CPU(s) per pod, but {workers} "
             f"need 1 CPU each plus {DATA_CPUS_PER_POD} for Ray Data: use --cpu-per-pod {need} "
             "or more")
+
+
+def global_batch_problem(global_batch: int, min_workers: int, max_workers: int,
+                         per_worker: int) -> str | None:
+    """Why `global_batch` cannot be reached with whole micro-batches by every group size from
+    min_workers to max_workers (an elastic group may run with any of them), or None.
+
+    Refused rather than rounded: a rounded global batch would change the optimisation each
+    time the group resizes, which is what --global-batch-size exists to prevent."""
+    sizes = range(min_workers, max_workers + 1)
+    bad = [n for n in sizes if global_batch % (n * per_worker)]
+    if not bad:
+        return None
+    unit = per_worker
+    for n in sizes:
+        unit = unit * n * per_worker // math.gcd(unit, n * per_worker)
+    fix = max(unit, global_batch // unit * unit)
+    workers = (f"{bad[0]} worker(s)" if min_workers == max_workers else
+               f"a group of {bad[0]} worker(s) (--replicas allows {min_workers} to {max_workers})")
+    return (f"--global-batch-size {global_batch} is not a multiple of {workers} x "
+            f"--batch-size-per-worker {per_worker} = {bad[0] * per_worker}: use a multiple of "
+            f"{unit}, e.g. {fix}")
 
 
 def parse_document(text: str) -> dict[str, Any]:

@@ -22,7 +22,7 @@ def test_local_defaults_are_valid_fields():
 
 def test_flags_override_job_file_and_kebab_keys_work():
     spec = JobSpec.build({"name": "a", "gpu-per-pod": 2, "replicas": 3}, replicas=5, name=None)
-    assert (spec.name, spec.gpu_per_pod, spec.replicas) == ("a", 2, 5)
+    assert (spec.name, spec.gpu_per_pod, spec.replicas) == ("a", 2, "5")
 
 
 @pytest.mark.parametrize("values, message", [
@@ -32,10 +32,14 @@ def test_flags_override_job_file_and_kebab_keys_work():
     ({"name": "a" * 48}, "at most 47"),
     ({"name": "job-"}, "not a valid name"),
     ({"name": "j", "namespace": "Team_A"}, "namespace"),
-    ({"name": "j", "replicas": 0}, "at least 1"),
-    ({"name": "j", "replicas": "eight"}, "whole number"),
-    ({"name": "j", "replicas": 2.5}, "whole number"),
-    ({"name": "j", "replicas": True}, "whole number"),
+    ({"name": "j", "replicas": 0}, "neither a number of worker pods"),
+    ({"name": "j", "replicas": "eight"}, "nor a MIN:MAX range"),
+    ({"name": "j", "replicas": 2.5}, "nor a MIN:MAX range"),
+    ({"name": "j", "replicas": True}, "must be text"),
+    ({"name": "j", "replicas": "3:1"}, "MIN must not be larger than MAX, e.g. 1:3"),
+    ({"name": "j", "replicas": "1:20000"}, "at most 10000"),
+    ({"name": "j", "replicas": "1 : 2"}, "nor a MIN:MAX range"),
+    ({"name": "j", "replicas": "0:2"}, "nor a MIN:MAX range"),
     ({"name": "j", "gpu_per_pod": -1}, "at least 0"),
     ({"name": "j", "memory_per_pod": "16 GB"}, "quantity"),
     ({"name": "j", "cpu_per_pod": "four"}, "quantity"),
@@ -55,7 +59,7 @@ def test_flags_override_job_file_and_kebab_keys_work():
     ({"name": "j", "epochs": None}, "must have a value"),
     ({"name": None}, "must have a value"),
     ({"name": "j", "cpu_per_pod": "\u0664"}, "quantity"),
-    ({"name": "j", "replicas": "\u0664"}, "whole number"),
+    ({"name": "j", "replicas": "\u0664"}, "nor a MIN:MAX range"),
     ({"name": "j", "max_steps_per_epoch": 2**31}, "at most 2147483647"),
     ({"name": "j", "seed": 2**40}, "at most"),
     ({"name": "j", "storage_size": "0"}, "more than zero"),
@@ -88,7 +92,7 @@ def test_types_come_from_the_real_annotations():
     from submitter.contract.spec import field_types, optional_fields
 
     types = field_types()
-    assert types["replicas"] is int and types["learning_rate"] is float
+    assert types["replicas"] is str and types["epochs"] is int and types["learning_rate"] is float
     assert types["max_steps_per_epoch"] is int and "max_steps_per_epoch" in optional_fields()
     assert types["env"] is dict and types["fsdp"] is bool
     assert JobSpec.build(name="j", max_steps_per_epoch="12").max_steps_per_epoch == 12
@@ -164,3 +168,54 @@ def test_pods_that_cannot_hold_their_workers_are_refused_in_one_line(cpu, gpus, 
 def test_the_pod_derives_the_same_cpus_per_worker_from_its_document():
     spec = JobSpec.build(name="j", cpu_per_pod="16", gpu_per_pod=4)
     assert JobSpec.from_document(spec.document()).cpus_per_train_worker == 3
+
+
+# --- --replicas MIN:MAX and --global-batch-size ----------------------------------------------------
+
+@pytest.mark.parametrize("replicas, gpus, expected", [
+    (3, 0, (3, 3, False, 3, 3)), ("3", 0, (3, 3, False, 3, 3)), ("3:3", 0, (3, 3, False, 3, 3)),
+    ("1:4", 0, (1, 4, True, 1, 4)), ("2:3", 8, (2, 3, True, 16, 24))])
+def test_replicas_is_a_count_or_a_range(replicas, gpus, expected):
+    spec = JobSpec.build(name="j", replicas=replicas, gpu_per_pod=gpus, cpu_per_pod="9")
+    assert (spec.min_replicas, spec.max_replicas, spec.elastic, spec.min_train_workers,
+            spec.num_train_workers) == expected
+
+
+def test_the_cpu_fit_check_holds_for_an_elastic_group():
+    with pytest.raises(SpecError, match="--cpu-per-pod 4 gives Ray 4 CPU.*use --cpu-per-pod 9"):
+        JobSpec.build(name="j", replicas="1:4", gpu_per_pod=8)
+
+
+@pytest.mark.parametrize("replicas, per_worker, global_batch", [
+    ("2", 8, 16), ("2", 8, 48), ("1:2", 8, 16), ("2:4", 8, 96), ("2:4", 4, 48), ("1:3", 1, 6)])
+def test_a_global_batch_every_group_size_reaches_is_accepted(replicas, per_worker, global_batch):
+    from submitter.contract.spec import accumulation_steps
+
+    spec = JobSpec.build(name="j", replicas=replicas, batch_size_per_worker=per_worker,
+                         global_batch_size=global_batch)
+    for world in range(spec.min_train_workers, spec.num_train_workers + 1):
+        accum = accumulation_steps(global_batch, world, per_worker)
+        assert accum * world * per_worker == global_batch  # the same step on every size
+
+
+@pytest.mark.parametrize("replicas, global_batch, message", [
+    ("2", 24, "--global-batch-size 24 is not a multiple of 2 worker(s) x --batch-size-per-worker "
+              "8 = 16: use a multiple of 16, e.g. 16"),
+    ("1:3", 32, "--global-batch-size 32 is not a multiple of a group of 3 worker(s) (--replicas "
+                "allows 1 to 3) x --batch-size-per-worker 8 = 24: use a multiple of 48, e.g. 48"),
+    ("2:4", 200, "a group of 2 worker(s) .* use a multiple of 96, e.g. 192"),
+])
+def test_a_global_batch_some_group_size_cannot_reach_is_refused_in_one_line(
+        replicas, global_batch, message):
+    with pytest.raises(SpecError, match=message.replace("(", r"\(").replace(")", r"\)")) as e:
+        JobSpec.build(name="j", replicas=replicas, global_batch_size=global_batch)
+    assert "\n" not in str(e.value)
+
+
+def test_accumulation_without_a_global_batch_is_one_micro_batch():
+    from submitter.contract.spec import accumulation_steps
+
+    assert accumulation_steps(None, 3, 8) == 1
+    assert accumulation_steps(48, 3, 8) == 2 and accumulation_steps(48, 2, 8) == 3
+    with pytest.raises(SpecError, match="not a multiple"):
+        accumulation_steps(48, 5, 8)

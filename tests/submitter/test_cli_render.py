@@ -170,3 +170,24 @@ def test_click_usage_errors_are_one_line_exit_2(runner):
         assert result.exit_code == 2
         lines = result.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("error: ") and "--help" in lines[0], result.stderr
+
+
+def test_replicas_range_from_a_flag_and_from_a_job_file(runner, tmp_path):
+    """`--replicas 1:3` and `replicas: 1:3` in a job file (not YAML 1.1's base-60 integer 63)."""
+    job = tmp_path / "job.yaml"
+    job.write_text("name: elastic\nreplicas: 1:3\n")
+    from_file = runner.invoke(main, ["render", "-f", str(job), "-o", "json"])
+    from_flag = runner.invoke(main, ["render", "--name", "elastic", "--replicas", "1:3", "-o", "json"])
+    assert from_file.exit_code == 0 and from_flag.exit_code == 0, from_file.output + from_flag.output
+    assert from_file.stdout == from_flag.stdout
+    rayjob = next(o for o in json.loads(from_flag.stdout)["items"] if o["kind"] == "RayJob")
+    group = rayjob["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]
+    assert (group["replicas"], group["minReplicas"], group["maxReplicas"]) == (1, 1, 3)
+    assert rayjob["spec"]["rayClusterSpec"]["enableInTreeAutoscaling"] is True
+
+
+def test_a_global_batch_an_elastic_group_cannot_keep_is_one_line_exit_2(runner):
+    result = runner.invoke(main, ["render", "--name", "e", "--replicas", "1:3",
+                                  "--global-batch-size", "32"])
+    assert result.exit_code == 2
+    assert "use a multiple of 48" in result.output and "Traceback" not in result.output

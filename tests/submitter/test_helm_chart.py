@@ -121,6 +121,9 @@ PARITY = {
     "mutable-image-latest": dict(name="latest2", image="img:latest", gpu_per_pod=1),
     "digest-image": dict(name="digest", image="reg.io/img@sha256:abc"),
     "gpu-type-default-label": dict(name="gt", gpu_per_pod=1, gpu_type="Tesla-T4"),
+    "elastic": dict(name="elastic", replicas="2:4", gpu_per_pod=1, global_batch_size=96),
+    "elastic-cpu": dict(name="elastic-cpu", replicas="1:3", global_batch_size=48),
+    "min-equals-max": dict(name="same", replicas="3:3"),
 }
 
 
@@ -171,6 +174,16 @@ def test_set_flags_parse_like_the_cli() -> None:
     assert chart_objects(values) == expected(spec)
 
 
+def test_set_an_elastic_range_like_the_cli() -> None:
+    """`--set replicas=2:4` is text for Helm, as `--replicas 2:4` is for the CLI."""
+    values = helm().parse_set_string("name=d,replicas=2:4,globalBatchSize=96")
+    spec = JobSpec.build(name="d", replicas="2:4", global_batch_size=96)
+    objects = chart_objects(values)
+    assert objects == expected(spec)
+    group = objects[("RayJob", "d")]["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]
+    assert (group["minReplicas"], group["maxReplicas"]) == (2, 4)
+
+
 # --- namespace: values.namespace, or the release namespace while it is left at the default -----
 
 def test_release_namespace_is_used_while_values_leave_the_default() -> None:
@@ -210,7 +223,8 @@ _word = st.from_regex(r"\A[a-z][a-z0-9]{0,8}\Z")
 _specs = st.fixed_dictionaries({
     "name": st.from_regex(r"\A[a-z]([-a-z0-9]{0,30}[a-z0-9])?\Z"),
     "namespace": st.sampled_from(["default", "team-a", "x"]),
-    "replicas": st.integers(1, 512),
+    "replicas": st.one_of(st.integers(1, 512), st.tuples(st.integers(1, 8), st.integers(0, 8)).map(
+        lambda r: f"{r[0]}:{r[0] + r[1]}")),
     "gpu_per_pod": st.integers(0, 8),
     "cpu_per_pod": st.sampled_from(["4", "9", "2500m", "64"]),
     "memory_per_pod": st.sampled_from(["16Gi", "512Mi", "1.5G"]),
@@ -417,6 +431,9 @@ PROBES: dict[str, list[Any]] = {
     "learning_rate": [6e-4, 1, 0.0, -1e-3, 1e300],
     "weight_decay": [0.0, 0.1, -0.1],
     "val_percent": [0.0, 5.0, 99.5, 100.0, -1.0],
+    "replicas": [1, 8, 10_000, 10_001, 0, -1, "8", "2:8", "8:2", "1:10000", "1:10001", "0:2",
+                 "1:", ":2", "1:2:3", " 1:2", "1 :2", "\u0664", "2.5", 2.5, True],
+    "global_batch_size": [None, 1, 16, 48, 2**31 - 1, 0, -1, 2**31, 1.5],
     "cpu_per_pod": ["4", "500m", "0.5", ".5", "1.5Gi", 4, "four", "4 ", "-1", "1e3", "", "0",
                     "0m", 0, "\u0664", "2", "1", "1001m", "2000m"],
     "precision": ["auto", "bf16", "fp16", "fp32", "fp8", ""],
@@ -425,7 +442,7 @@ for _f in fields():  # every yes/no and whole-number field: both sides agree at 
     _kind = field_types()[_f.name]
     if _kind is bool:
         PROBES[_f.name] = [True, False]
-    elif _kind is int:
+    elif _kind is int and _f.name not in PROBES:
         PROBES[_f.name] = [-1, 0, 1, 2, 2**31 - 1, 2**31, 10**12] + (
             [None] if defaults()[_f.name] is None else [])
 #: The one rule across fields: FSDP needs GPUs (probed with the default gpuPerPod 0 above).
@@ -434,7 +451,9 @@ PAIRS = [{"fsdp": True, "gpuPerPod": 1}, {"fsdp": True, "gpuPerPod": 0},
 #: The other rules across fields: CPUs that fit the pod's workers, a GPU type needs GPUs.
 CROSS = [{"gpuPerPod": 3, "cpuPerPod": "4"}, {"gpuPerPod": 4, "cpuPerPod": "4"},
          {"gpuPerPod": 8, "cpuPerPod": "8500m"}, {"gpuPerPod": 8, "cpuPerPod": "8"},
-         {"gpuType": "T4", "gpuPerPod": 0}, {"gpuType": "T4", "gpuPerPod": 1}]
+         {"gpuType": "T4", "gpuPerPod": 0}, {"gpuType": "T4", "gpuPerPod": 1},
+         # a global batch every group size of --replicas reaches (2:3 x 8: 48) or not (16)
+         {"replicas": "2:3", "globalBatchSize": 48}, {"replicas": "2:3", "globalBatchSize": 16}]
 
 
 @pytest.mark.parametrize("field", sorted(PROBES))

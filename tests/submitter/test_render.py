@@ -39,6 +39,7 @@ VARIANTS = {
     "credentials": dict(name="creds", secret_env={"AWS_SECRET_ACCESS_KEY": "aws:secret"},
                         env_from_secret=["hf", "wandb"], env={"WANDB_MODE": "offline"}),
     "unlocked": dict(name="open", ray_auth="disabled", network_policy=False),
+    "elastic": dict(name="elastic", replicas="2:4", gpu_per_pod=1, global_batch_size=96),
 }
 
 
@@ -79,6 +80,31 @@ def test_rayjob_shape():
     assert "ownerReferences" not in rj["metadata"]
 
 
+def test_a_fixed_group_has_no_autoscaler():
+    cluster = by_kind(plan_for(name="fixed", replicas=3))["RayJob"]["spec"]["rayClusterSpec"]
+    group = cluster["workerGroupSpecs"][0]
+    assert (group["replicas"], group["minReplicas"], group["maxReplicas"]) == (3, 3, 3)
+    assert "enableInTreeAutoscaling" not in cluster and "autoscalerOptions" not in cluster
+
+
+def test_an_elastic_group_gets_min_max_and_a_restricted_autoscaler():
+    spec = JobSpec.build(name="elastic", replicas="2:8", gpu_per_pod=1)
+    rayjob = by_kind(render(spec))["RayJob"]
+    cluster = rayjob["spec"]["rayClusterSpec"]
+    group = cluster["workerGroupSpecs"][0]
+    assert (group["replicas"], group["minReplicas"], group["maxReplicas"]) == (2, 2, 8)
+    assert cluster["enableInTreeAutoscaling"] is True
+    autoscaler = cluster["autoscalerOptions"]
+    assert autoscaler["idleTimeoutSeconds"] >= 60  # longer than a worker-group restart
+    head_container = cluster["headGroupSpec"]["template"]["spec"]["containers"][0]
+    assert autoscaler["securityContext"] == head_container["securityContext"]
+    assert autoscaler["securityContext"]["allowPrivilegeEscalation"] is False
+    assert autoscaler["resources"]["limits"] and autoscaler["resources"]["requests"]
+    assert validate_plan(list(render(spec))) == []
+    pod_job = job_document(render(spec))
+    assert (pod_job.min_train_workers, pod_job.num_train_workers, pod_job.elastic) == (2, 8, True)
+
+
 def test_no_gpu_keys_on_cpu():
     rayjob = by_kind(plan_for(name="cpu-job", gpu_type_label="x.io/gpu"))["RayJob"]
     for _, template in pod_templates(rayjob):
@@ -88,7 +114,7 @@ def test_no_gpu_keys_on_cpu():
 
 
 @pytest.mark.parametrize("replicas, gpus, workers, use_gpu", [
-    (8, 1, 8, True), (4, 8, 32, True), (3, 0, 3, False), (1, 0, 1, False)])
+    (8, 1, 8, True), (4, 8, 32, True), (3, 0, 3, False), (1, 0, 1, False), ("1:3", 2, 6, True)])
 def test_the_pod_gets_the_worker_count_and_storage(replicas, gpus, workers, use_gpu):
     spec = JobSpec.build(name="job", replicas=replicas, gpu_per_pod=gpus, max_failures=5,
                          cpu_per_pod=str(gpus + 4))

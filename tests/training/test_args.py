@@ -23,7 +23,7 @@ def test_defaults_are_jobspecs():
     assert spec == JobSpec.build(name="job")
     cfg = TrainConfig.from_spec(spec)
     assert cfg.storage_path == defaults()["storage_mount"]  # JobSpec.resolved_storage_path
-    assert cfg.num_workers == defaults()["replicas"] and cfg.use_gpu is False
+    assert cfg.num_workers == int(defaults()["replicas"]) and cfg.use_gpu is False
     assert cfg.run_name == "job" and cfg.epochs == defaults()["epochs"]
 
 
