@@ -30,6 +30,11 @@ def describe(event: Mapping[str, Any]) -> Optional[str]:
     if t == "worker_group_restarted":
         return (f"worker group restarted (attempt {event['attempt']}), resumed from "
                 f"{event['resumed_from'] or 'scratch (no checkpoint yet)'}")
+    if t == "worker_group_resized":
+        batch = event.get("global_batch_size")
+        same = f", {batch} sequences per step" if batch is not None else ""
+        return (f"worker group resized: {event['from']} -> {event['to']} worker(s){same}, "
+                f"resumed from {event.get('resumed_from') or 'scratch (no checkpoint yet)'}")
     if t == "run_resumed":
         return f"resuming from {event['resumed_from']} (epoch {event['epoch']}, step {event['step']})"
     if t == "run_failed":

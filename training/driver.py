@@ -49,7 +49,10 @@ def prepare_run(spec: JobSpec, environ: Any = os.environ) -> tuple[TrainConfig, 
     path, line = check_storage_here(spec.resolved_storage_path, spec.storage_mount,
                                     spec.allow_ephemeral_storage, environ,
                                     spec.storage_access_mode)
-    return TrainConfig.from_spec(spec, path), line
+    from training.elastic import cpus_per_worker
+
+    cpus = cpus_per_worker(spec.elastic, spec.cpus_per_train_worker, 1.0)
+    return TrainConfig.from_spec(spec, path, cpus_per_worker=cpus), line
 
 
 def run_dir_of(cfg: TrainConfig) -> str:
@@ -179,6 +182,7 @@ def _prepare(cfg: TrainConfig, hub: Any, notice: Notice) -> tuple[Any, dict[str,
     from training.data import load_corpus, token_datasets
     from training.loop import train_func
     from training.model import PRESETS, expected_parameters
+    from training.elastic import scaling_options
     from training.run_plan import data_config, plan_run
     from training.tokens import get_encoding, resolve_tokenizer
 
@@ -204,8 +208,9 @@ def _prepare(cfg: TrainConfig, hub: Any, notice: Notice) -> tuple[Any, dict[str,
         train_func,
         train_loop_config={"config": cfg.to_dict(), "hub": hub, **plan.loop_config(),
                            "vocab_size": encoding.n_vocab, "eot_id": encoding.eot_token},
-        scaling_config=ray.train.ScalingConfig(num_workers=cfg.num_workers, use_gpu=cfg.use_gpu,
-                                               resources_per_worker=resources),
+        scaling_config=ray.train.ScalingConfig(
+            use_gpu=cfg.use_gpu, resources_per_worker=resources,
+            **scaling_options(cfg.job.min_train_workers, cfg.num_workers)),
         run_config=ray.train.RunConfig(
             name=cfg.run_name, storage_path=cfg.storage_path,
             checkpoint_config=ray.train.CheckpointConfig(
@@ -219,7 +224,8 @@ def _prepare(cfg: TrainConfig, hub: Any, notice: Notice) -> tuple[Any, dict[str,
     facts = {"model": cfg.model, "params": params, "tokenizer": tok_spec.describe(),
              "data": corpus.description.removeprefix("data: "), "epochs": cfg.epochs,
              "steps_per_epoch": steps_per_epoch, "block_size": block,
-             "batch_size_per_worker": cfg.batch_size_per_worker, **plan.facts}
+             "batch_size_per_worker": cfg.batch_size_per_worker, **plan.facts,
+             **({"min_workers": cfg.job.min_train_workers} if cfg.job.elastic else {})}
     return trainer, facts
 
 

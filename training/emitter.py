@@ -14,6 +14,7 @@ talks to the Kubernetes API.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -86,16 +87,27 @@ class Emitter:
         return event
 
     def worker_group_started(self, resumed_from: Optional[str], epoch: int,
-                             step: int) -> Optional[dict[str, Any]]:
+                             step: int, **group: Any) -> Optional[dict[str, Any]]:
         """Called by rank 0 each time a worker group starts training. `attempt` counts the
-        run's worker-group restarts across driver sessions (it continues from the history)."""
+        run's worker-group restarts across driver sessions (it continues from the history).
+        `group` (training.elastic.group_batch: world_size, accumulation_steps, ...) rides on
+        these events; a start with another world size than the last also gets
+        worker_group_resized (from, to)."""
         self.starts += 1
+        before, now = self.state.world_size, group.get("world_size")
+        out = None
         if self.starts > 1:
-            return self.emit("worker_group_restarted", attempt=self.state.restarts + 1,
-                             resumed_from=resumed_from, epoch=epoch, step=step)
-        if resumed_from is not None:
-            return self.emit("run_resumed", resumed_from=resumed_from, epoch=epoch, step=step)
-        return None
+            out = self.emit("worker_group_restarted", attempt=self.state.restarts + 1,
+                            resumed_from=resumed_from, epoch=epoch, step=step, **group)
+        elif resumed_from is not None:
+            out = self.emit("run_resumed", resumed_from=resumed_from, epoch=epoch, step=step,
+                            **group)
+        if now is not None and before is not None and now != before:
+            out = self.emit("worker_group_resized", **{"from": before, "to": now}, epoch=epoch,
+                            step=step, resumed_from=resumed_from, **group)
+        if now is not None:  # known from now on, also when no event said it
+            self.state = dataclasses.replace(self.state, world_size=now)
+        return out
 
     def since(self, seq: int) -> list[dict[str, Any]]:
         """This session's events with a seq above `seq` (for the driver's live output)."""

@@ -74,11 +74,12 @@ class _Events:
         if self.hub is not None and getattr(self, "last", None) is not None:
             ray.get(self.last)
 
-    def started(self, resumed_from: Optional[str], epoch: int, step: int) -> None:
+    def started(self, resumed_from: Optional[str], epoch: int, step: int,
+                **group: Any) -> None:
         if self.hub is not None:
             import ray
 
-            ray.get(self.hub.worker_group_started.remote(resumed_from, epoch, step))
+            ray.get(self.hub.worker_group_started.remote(resumed_from, epoch, step, **group))
 
 
 def _all_mean(values: list[float], device: Any) -> list[float]:
@@ -100,6 +101,7 @@ def train_func(loop_config: dict[str, Any]) -> None:
     from ray.train import Checkpoint
 
     from submitter.contract.spec import accumulation_steps
+    from training.elastic import group_batch
     from training.model import BETAS, MIN_LR_RATIO, build_model, build_optimizer, gpt2_config
     from training.parallel import is_fsdp, unwrapped, wrap_model
     from training.precision import make_scaler, precision_here
@@ -150,7 +152,9 @@ def train_func(loop_config: dict[str, Any]) -> None:
     plan = resumed_plan(saved.get("scheduler"), step,
                         planned_total(steps_per_epoch, cfg.epochs), loop_config["warmup_steps"],
                         MIN_LR_RATIO)
-    events.started(resumed_from, epoch=start_epoch + 1, step=step)
+    # this group's size and its optimizer step (training.elastic: the emitter tells a resize)
+    events.started(resumed_from, epoch=start_epoch + 1, step=step,
+                   **group_batch(cfg.global_batch_size, world, cfg.batch_size_per_worker, block))
 
     def save(metrics: dict[str, Any], epoch: int, step_in_epoch: int, epoch_done: bool) -> None:
         """All ranks: gather the full state (a collective under FSDP); rank 0 writes it."""

@@ -26,6 +26,10 @@ REQUIRED: dict[str, frozenset[str]] = {
     "epoch_finished": frozenset({"epoch", "train_loss", "val_loss", "tokens_per_sec"}),
     "checkpoint_saved": frozenset({"epoch", "path"}),
     "worker_group_restarted": frozenset({"attempt", "resumed_from"}),
+    # an elastic group (--replicas MIN:MAX) started with another number of workers than the
+    # last one: "from" and "to" are world sizes; global_batch_size/tokens_per_step show that
+    # the optimizer step stayed the same
+    "worker_group_resized": frozenset({"from", "to"}),
     # a new driver (re-submit, RayJob retry) picked the run up from a checkpoint
     "run_resumed": frozenset({"resumed_from", "epoch", "step"}),
     "run_finished": frozenset(),
@@ -104,6 +108,8 @@ class ProgressState:
     run_name: str | None = None
     status: str = "pending"  # pending | running | finished | failed
     num_workers: int | None = None
+    #: workers of the group training now (an elastic group's size changes; see worker_group_resized)
+    world_size: int | None = None
     epoch: int | None = None
     step: int | None = None
     loss: float | None = None
@@ -158,10 +164,13 @@ def apply(state: ProgressState, event: Mapping[str, Any]) -> ProgressState:
     if etype == "worker_group_restarted":
         return replace(state, status="running", restarts=max(state.restarts, int(e["attempt"])),
                        resumed_from=e["resumed_from"], cadence_step=None, cadence_time=None,
-                       **common)
+                       world_size=e.get("world_size", state.world_size), **common)
+    if etype == "worker_group_resized":
+        return replace(state, world_size=e["to"], **common)
     if etype == "run_resumed":
         return replace(state, status="running", resumed_from=e["resumed_from"], epoch=e["epoch"],
-                       step=e["step"], cadence_step=None, cadence_time=None, **common)
+                       step=e["step"], cadence_step=None, cadence_time=None,
+                       world_size=e.get("world_size", state.world_size), **common)
     if etype == "run_finished":
         metrics = {k: v for k, v in e.items() if k not in ("v", "type", "time", "seq")}
         return replace(state, status="finished", metrics=metrics, **common)

@@ -1,0 +1,73 @@
+"""Elastic worker groups: the pure parts (ScalingConfig options, the step of each group size,
+micro-batch groups) and worker_group_resized from the emitter to watch's text."""
+
+from __future__ import annotations
+
+import pytest
+
+from submitter.contract import events as ev
+from submitter.contract.errors import SpecError
+from submitter.event_text import describe
+from training.elastic import RESIZE_INTERVAL_ENV, cpus_per_worker, group_batch, scaling_options
+from training.emitter import Emitter
+
+
+def test_scaling_options_fixed_and_elastic():
+    assert scaling_options(3, 3, {}) == {"num_workers": 3}
+    assert scaling_options(1, 4, {}) == {"num_workers": (1, 4),
+                                         "elastic_resize_monitor_interval_s": 60.0}
+    assert scaling_options(1, 4, {RESIZE_INTERVAL_ENV: "5"})["elastic_resize_monitor_interval_s"] == 5.0
+
+
+def test_an_elastic_worker_reserves_its_pods_share_so_a_pod_holds_exactly_its_workers():
+    assert cpus_per_worker(True, 3, 1.0) == 3.0  # a 4-CPU pod: 3 for the worker, 1 for Ray Data
+    assert cpus_per_worker(False, 3, 1.0) == 1.0
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 6])
+def test_every_group_size_makes_the_same_step(world):
+    how = group_batch(48, world, 8, 64)
+    assert how == {"world_size": world, "accumulation_steps": 6 // world,
+                   "global_batch_size": 48, "tokens_per_step": 48 * 64}
+
+
+def test_without_a_global_batch_the_step_follows_the_group():
+    assert group_batch(None, 3, 8, 64)["global_batch_size"] == 24
+    with pytest.raises(SpecError, match="not a multiple"):
+        group_batch(48, 5, 8, 64)
+
+
+def test_a_start_with_another_world_size_is_a_resize():
+    em = Emitter([])
+    same = {"global_batch_size": 16, "tokens_per_step": 1024}
+    assert em.worker_group_started(None, 1, 0, world_size=2, accumulation_steps=1, **same) is None
+    assert em.state.world_size == 2
+    restarted = em.worker_group_started("/s/j/a", 1, 10, world_size=2, accumulation_steps=1, **same)
+    assert restarted["type"] == "worker_group_restarted"  # same size: no resize
+    shrunk = em.worker_group_started("/s/j/b", 1, 12, world_size=1, accumulation_steps=2, **same)
+    assert shrunk["type"] == "worker_group_resized"
+    assert (shrunk["from"], shrunk["to"], shrunk["global_batch_size"]) == (2, 1, 16)
+    grown = em.worker_group_started("/s/j/c", 2, 20, world_size=2, accumulation_steps=1, **same)
+    assert (grown["from"], grown["to"]) == (1, 2)
+    types = [e["type"] for e in em.session]
+    assert types == ["worker_group_restarted", "worker_group_restarted", "worker_group_resized",
+                     "worker_group_restarted", "worker_group_resized"]
+    assert em.state.world_size == 2 and em.state.restarts == 3
+
+
+def test_a_new_driver_knows_the_last_size_from_the_history():
+    history = [ev.make_event("worker_group_restarted", seq=1, attempt=1, resumed_from="/a",
+                             world_size=3)]
+    assert ev.fold(history).world_size == 3
+    resized = Emitter([], history=history).worker_group_started("/b", 2, 5, world_size=2)
+    assert (resized["from"], resized["to"]) == (3, 2)
+
+
+def test_resized_folds_and_reads_as_one_line():
+    event = ev.make_event("worker_group_resized", seq=4, resumed_from="/s/j/ck", epoch=1,
+                          step=12, global_batch_size=16, **{"from": 2, "to": 1})
+    assert ev.fold([event]).world_size == 1
+    assert describe(event) == ("worker group resized: 2 -> 1 worker(s), 16 sequences per step, "
+                               "resumed from /s/j/ck")
+    with pytest.raises(ev.EventError, match="lacks from"):
+        ev.validate_event({"type": "worker_group_resized", "time": "t", "to": 1})
