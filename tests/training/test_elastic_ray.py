@@ -1,0 +1,108 @@
+"""An elastic group (--replicas 1:2) on a multi-node Ray started on this machine: a node goes,
+training continues on fewer workers from the last checkpoint with the same global batch; the
+node comes back, the group grows.
+
+`ray.cluster_utils.Cluster` runs several Ray nodes (raylets) here: a head with no CPU (the
+driver, the event actor, Ray Train's controller) and one node per worker pod with 3 CPUs, as
+KubeRay would start them for --cpu-per-pod 3: the worker reserves 2 (its pod's share), Ray Data
+keeps 1. Ray Train's elastic policy then counts one worker per node.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from submitter.contract import events as ev
+from tests.training.test_ray import _args, _events, _run, _when
+from training.elastic import RESIZE_INTERVAL_ENV
+
+pytestmark = pytest.mark.slow
+
+NAME = "elastic"
+NODE = {"num_cpus": 3, "object_store_memory": 150 * 2**20}
+
+
+@pytest.fixture
+def cluster(monkeypatch):
+    import ray
+    from ray.cluster_utils import Cluster
+
+    monkeypatch.setenv(RESIZE_INTERVAL_ENV, "5")  # look for room to grow every 5 s
+    monkeypatch.setenv("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
+    monkeypatch.setenv("RAY_DATA_DISABLE_PROGRESS_BARS", "1")
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 0,
+                                                      "object_store_memory": 150 * 2**20})
+    c.workers = [c.add_node(**NODE) for _ in range(2)]
+    c.wait_for_nodes()
+    ray.init(address=c.address, logging_level="ERROR", log_to_driver=False)
+    yield c
+    ray.shutdown()
+    c.shutdown()
+
+
+def _resized(events: list[dict]) -> list[dict]:
+    return [e for e in events if e["type"] == "worker_group_resized"]
+
+
+def test_a_lost_node_shrinks_the_group_and_a_new_one_grows_it(storage: Path, cluster) -> None:
+    marks: dict[str, float] = {}
+
+    def lose_a_node() -> None:
+        import ray
+
+        # all nodes share this machine's IP, so the driver (and its event actor) may live on a
+        # worker node: lose one that does not hold them (a pod, not the head, goes)
+        here = ray.get_runtime_context().get_node_id()
+        marks["removed"] = time.monotonic()
+        cluster.remove_node(next(n for n in cluster.workers if n.node_id != here))
+
+    def add_a_node() -> None:
+        from unittest import mock
+
+        marks["added"] = time.monotonic()
+        # a raylet started from this watcher thread: Ray would set a SIGTERM handler, which
+        # only the main thread (busy in the driver) may do
+        with mock.patch("ray._private.utils.set_sigterm_handler"):
+            cluster.add_node(**NODE)
+
+    def shrunk_and_training(events: list[dict]) -> bool:
+        resized = _resized(events)
+        return bool(resized) and any(e["type"] == "progress" and e["seq"] > resized[0]["seq"]
+                                     for e in events)
+
+    _when(storage, NAME, lambda events: any(e["type"] == "checkpoint_saved" for e in events),
+          lose_a_node)
+    _when(storage, NAME, shrunk_and_training, add_a_node)
+    started = time.monotonic()
+    outcome = _run(_args(storage, NAME, "--replicas", "1:2", "--cpu-per-pod", "3",
+                         "--batch-size-per-worker", "8", "--global-batch-size", "32",
+                         "--epochs", "2", "--max-steps-per-epoch", "120",
+                         "--checkpoint-every", "20", "--progress-every", "10",
+                         "--max-failures", "5", "--val-steps", "2"))
+    took = time.monotonic() - started
+    events = _events(storage, NAME)
+    story = [(e["type"], e.get("step"), e.get("from"), e.get("to")) for e in events
+             if e["type"] not in ("progress",)]
+    assert outcome.ok, (outcome.error, story)
+    resized = _resized(events)
+    assert resized, story
+    print(f"run took {took:.0f}s; resized: {[(e['from'], e['to'], e['step']) for e in resized]}; "
+          f"marks: { {k: round(v - started) for k, v in marks.items()} }")
+    # shrink: 2 -> 1 from the last checkpoint, the same optimizer step (2 x 8 x 2 = 1 x 8 x 4)
+    shrink = resized[0]
+    assert (shrink["from"], shrink["to"]) == (2, 1)
+    saved = [e for e in events if e["type"] == "checkpoint_saved" and e["seq"] < shrink["seq"]]
+    assert saved and Path(shrink["resumed_from"]).name == Path(saved[-1]["path"]).name
+    assert shrink["step"] == saved[-1]["step"]
+    assert (shrink["accumulation_steps"], shrink["global_batch_size"]) == (4, 32)
+    starts = [e for e in events if e["type"] in ("worker_group_restarted", "worker_group_resized")]
+    assert {(e["global_batch_size"], e["tokens_per_step"]) for e in starts} == {(32, 32 * 64)}
+    # grow: the node is back, the group restarts larger (Ray Train checks every 5 s here)
+    assert [(e["from"], e["to"]) for e in resized] == [(2, 1), (1, 2)]
+    assert resized[1]["accumulation_steps"] == 2 and resized[1]["global_batch_size"] == 32
+    state = ev.fold(events)
+    assert state.status == "finished" and state.world_size == 2
+    assert events[-1]["type"] == "run_finished" and events[-1]["step"] == 2 * 120
