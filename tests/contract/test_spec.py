@@ -200,7 +200,7 @@ def test_a_global_batch_every_group_size_reaches_is_accepted(replicas, per_worke
 
 @pytest.mark.parametrize("replicas, global_batch, message", [
     ("2", 24, "--global-batch-size 24 is not a multiple of 2 worker(s) x --batch-size-per-worker "
-              "8 = 16: use a multiple of 16, e.g. 16"),
+              "8 = 16: use 16 or 32"),  # a fixed group: the nearest multiples
     ("1:3", 32, "--global-batch-size 32 is not a multiple of a group of 3 worker(s) (--replicas "
                 "allows 1 to 3) x --batch-size-per-worker 8 = 24: use a multiple of 48, e.g. 48"),
     ("2:4", 200, "a group of 2 worker(s) .* use a multiple of 96, e.g. 192"),

@@ -101,7 +101,7 @@ def test_a_lost_node_shrinks_the_group_from_the_last_checkpoint_with_the_same_ba
     assert (shrink["accumulation_steps"], shrink["global_batch_size"]) == (4, 32)
     starts = [e for e in events if e["type"] in ("worker_group_restarted", "worker_group_resized")]
     assert {(e["global_batch_size"], e["tokens_per_step"]) for e in starts} == {(32, 32 * 64)}
-    assert [(e["from"], e["to"]) for e in resized] == [(2, 1)]
+    assert [(e["from"], e["to"]) for e in resized] in ([(2, 1)], [(2, 1), (1, 2)])
     state = ev.fold(events)
-    assert state.status == "finished" and state.world_size == 1
+    assert state.status == "finished" and state.world_size in (1, 2)  # grown back, if it was
     assert events[-1]["type"] == "run_finished" and events[-1]["step"] == 2 * 120
