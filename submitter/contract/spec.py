@@ -738,8 +738,13 @@ class JobSpec:
         return "Always" if image_is_mutable(self.resolved_image) else "IfNotPresent"
 
     def to_dict(self) -> dict[str, Any]:
-        """The fields as plain data (job-file form, snake_case)."""
-        return {f.name: _copy(getattr(self, f.name)) for f in dataclasses.fields(self)}
+        """The fields as plain data (job-file form, snake_case). A fixed --replicas N is the
+        number N, as before ranges existed (an image that predates them reads the document);
+        only MIN:MAX is text."""
+        out = {f.name: _copy(getattr(self, f.name)) for f in dataclasses.fields(self)}
+        if ":" not in out["replicas"]:
+            out["replicas"] = int(out["replicas"])
+        return out
 
     def to_values(self) -> dict[str, Any]:
         """The fields with camelCase keys: a Helm values file, and the pod's job document."""
