@@ -145,6 +145,10 @@ def figure_png(run: RunData) -> bytes:
         for ax in (top, bottom):
             ax.axvline(step, color="tab:red", linestyle="--", linewidth=1.2,
                        label="worker-group restart" if i == 0 and ax is top else None)
+    for i, (step, _from) in enumerate(_marks(run.curve.get("resizes"))):
+        for ax in (top, bottom):
+            ax.axvline(step, color="tab:purple", linestyle="-.", linewidth=1.2,
+                       label="worker group resized" if i == 0 and ax is top else None)
     if not points and not val:
         top.text(0.5, 0.5, "no progress reported yet", ha="center", va="center",
                  transform=top.transAxes)
@@ -171,7 +175,8 @@ def final_metrics(run: RunData) -> dict[str, Any]:
     s = run.state
     out = {"status": s.status, "epoch": s.epoch, "step": s.step, "loss": s.loss,
            "train_loss": s.train_loss, "val_loss": s.val_loss, "tokens_per_sec": s.tokens_per_sec,
-           "checkpoints": s.checkpoints, "restarts": s.restarts, "last_checkpoint": s.last_checkpoint,
+           "checkpoints": s.checkpoints, "restarts": s.restarts, "workers": s.world_size,
+           "last_checkpoint": s.last_checkpoint,
            "error": s.error}
     out.update({k: v for k, v in s.metrics.items() if k not in out or v is not None})
     return {k: v for k, v in out.items() if v is not None}

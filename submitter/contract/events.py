@@ -248,11 +248,12 @@ CURVE_KEY = "curve.json"
 
 def empty_curve() -> dict[str, Any]:
     """progress: [step, loss, tokens_per_sec]; val: [step, epoch, train_loss, val_loss];
-    checkpoints: [step, epoch]; restarts: [step, attempt]; `stride`: every how many progress
+    checkpoints: [step, epoch]; restarts: [step, attempt]; resizes: [step, from, to] (an elastic
+    group's worker count); `stride`: every how many progress
     events one is kept (doubles whenever the series is halved); `last`: the newest progress
     point, always kept."""
     return {"v": 1, "stride": 1, "seen": 0, "progress": [], "val": [], "checkpoints": [],
-            "restarts": [], "last": None, "step": None, "seq": None}
+            "restarts": [], "resizes": [], "last": None, "step": None, "seq": None}
 
 
 def curve_apply(curve: Mapping[str, Any], event: Mapping[str, Any],
@@ -284,6 +285,9 @@ def curve_apply(curve: Mapping[str, Any], event: Mapping[str, Any],
         out["checkpoints"] = _bounded(out["checkpoints"] + [[where, event.get("epoch")]], max_points)
     elif etype == "worker_group_restarted":
         out["restarts"] = _bounded(out["restarts"] + [[where, event.get("attempt")]], max_points)
+    elif etype == "worker_group_resized":  # curves kept before resizes existed lack the key
+        out["resizes"] = _bounded(out.get("resizes", []) + [[where, event.get("from"),
+                                                             event.get("to")]], max_points)
     return out
 
 

@@ -71,3 +71,13 @@ def test_resized_folds_and_reads_as_one_line():
                                "resumed from /s/j/ck")
     with pytest.raises(ev.EventError, match="lacks from"):
         ev.validate_event({"type": "worker_group_resized", "time": "t", "to": 1})
+
+
+def test_the_reports_curve_marks_each_resize():
+    events = [ev.make_event("progress", seq=1, epoch=1, step=20, loss=3.0, tokens_per_sec=1.0,
+                            lr=1e-3),
+              ev.make_event("worker_group_resized", seq=2, step=20, **{"from": 2, "to": 1}),
+              ev.make_event("worker_group_resized", seq=3, step=40, **{"from": 1, "to": 2})]
+    assert ev.curve_fold(events)["resizes"] == [[20, 2, 1], [40, 1, 2]]
+    old = {k: v for k, v in ev.empty_curve().items() if k != "resizes"}  # a curve from before
+    assert ev.curve_fold(events[1:2], old)["resizes"] == [[20, 2, 1]]
