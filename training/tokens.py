@@ -12,12 +12,15 @@ tasks, which rebuild the encoding once per process.
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Iterable, Optional
+from typing import Iterable, Mapping, Optional
 
 import numpy as np
+
+from submitter.contract.naming import ENV_GPT2_BPE
 
 EOT = "<|endoftext|>"
 #: GPT-2's pre-tokenizer pattern (tiktoken's r50k_pat_str).
@@ -81,12 +84,23 @@ def get_encoding(spec: TokenizerSpec):
     return tiktoken.get_encoding("gpt2")
 
 
-def resolve_tokenizer(choice: str, bpe_file: Optional[str]) -> tuple[TokenizerSpec, str]:
+def baked_bpe_file(environ: Mapping[str, str] = os.environ) -> Optional[str]:
+    """The GPT-2 BPE ranks the image carries (`$SUBMITTER_GPT2_BPE`, set by the Dockerfile), so
+    an air-gapped cluster needs no download; None where there is none (a laptop)."""
+    path = environ.get(ENV_GPT2_BPE)
+    return path if path and os.path.isfile(path) else None
+
+
+def resolve_tokenizer(choice: str, bpe_file: Optional[str],
+                      environ: Mapping[str, str] = os.environ) -> tuple[TokenizerSpec, str]:
     """Pick the encoding on the driver; return it and a sentence saying why (for the output).
 
-    auto: `--bpe-file` if given, else tiktoken's gpt2 if it can be loaded (cached or
-    downloadable), else the offline byte-level encoding.
+    auto and gpt2: `--bpe-file` if given, else the ranks baked into the image, else tiktoken's
+    gpt2 if it can be loaded (cached or downloadable); auto then falls back to the offline
+    byte-level encoding.
     """
+    if choice != "byte" and not bpe_file:
+        bpe_file = baked_bpe_file(environ)
     if bpe_file or choice == "bpe-file":
         spec = TokenizerSpec("bpe-file", bpe_file)
         get_encoding(spec)  # fail here, on the driver, with the file name

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
+from submitter.contract.naming import ENV_GPT2_BPE
 from tests.conftest import shared_file
-from training.tokens import (BYTE_EOT_ID, GPT2_EOT_ID, TokenizerSpec, byte_encoding,
-                             get_encoding, is_title, is_validation_block, resolve_tokenizer,
+from training.tokens import (BYTE_EOT_ID, GPT2_EOT_ID, TokenizerSpec, baked_bpe_file,
+                             byte_encoding, get_encoding, is_title, is_validation_block, resolve_tokenizer,
                              tokenize_and_chunk)
 
 
@@ -125,3 +128,19 @@ def test_the_byte_fast_path_equals_the_byte_encoding(wiki_lines):
         slow += enc.encode_ordinary(line + "\n")
     n = len(slow) // 32
     assert tokenize_and_chunk(lines, enc, 32).reshape(-1).tolist() == slow[:n * 32]
+
+
+def test_the_image_s_baked_gpt2_ranks_are_the_default_without_a_download(tmp_path):
+    """The image sets $SUBMITTER_GPT2_BPE: auto and gpt2 use it (no download on an air-gapped
+    cluster); byte stays byte; an explicit --bpe-file wins; a missing file is ignored."""
+    path = str(shared_file("data", "gpt2.tiktoken"))
+    baked = {ENV_GPT2_BPE: path}
+    for choice in ("auto", "gpt2"):
+        spec, line = resolve_tokenizer(choice, None, environ=baked)
+        assert spec == TokenizerSpec("bpe-file", path) and path in line
+        assert get_encoding(spec).encode("Hello world") == [15496, 995]
+    assert resolve_tokenizer("byte", None, environ=baked)[0].kind == "byte"
+    other = tmp_path / "other.tiktoken"
+    other.write_bytes(Path(path).read_bytes())
+    assert resolve_tokenizer("auto", str(other), environ=baked)[0].bpe_file == str(other)
+    assert baked_bpe_file({ENV_GPT2_BPE: str(tmp_path / "absent")}) is None
