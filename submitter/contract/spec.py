@@ -42,6 +42,17 @@ DEFAULT_GPU_IMAGE = f"{IMAGE_REPOSITORY}:{VERSION}-gpu"
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 #: CPUs of each worker pod kept back from Ray Train for Ray Data (reading, tokenizing).
 DATA_CPUS_PER_POD = 1
+#: Host memory (GiB) each Ray Train worker needs at the least, by preset: the Python process with
+#: torch (and the CUDA context on a GPU), and a full state dict gathered for each checkpoint
+#: (weights and AdamW's moments: about 1.5 GB for gpt2-small). A floor that refuses pods that
+#: cannot work, not a sizing guide.
+WORKER_MEMORY_GIB = {"gpt2-small": 2.0, "tiny": 0.5}
+#: Ray's shared-memory object store takes this share of a pod's memory by default.
+OBJECT_STORE_SHARE = 0.3
+#: Ray's own processes in a worker pod (raylet, Ray Data's tasks), GiB.
+RAY_POD_OVERHEAD_GIB = 0.5
+#: The head's processes (GCS, dashboard, the driver, the Ray Train controller) measured ~2.0 GiB.
+HEAD_MEMORY_MIN_GIB = 2.0
 TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
 RAY_AUTH_MODES = ("token", "disabled")
 MODELS = ("gpt2-small", "tiny")
@@ -661,6 +672,10 @@ class JobSpec:
             raise SpecError(f"--gpu-type {self.gpu_type} selects GPU nodes for GPU workers: add "
                             "--gpu-per-pod N, or leave out --gpu-type")
         _check_fit(self)
+        problem = memory_problem(self.model, self.workers_per_pod, self.memory_per_pod,
+                                 self.head_memory)
+        if problem:
+            raise SpecError(problem)
         if self.precision == "fp16" and not self.gpu_per_pod:
             raise SpecError("--precision fp16 needs GPUs (--gpu-per-pod N); on CPU use auto "
                             "(fp32) or bf16")
@@ -799,6 +814,30 @@ def _check_fit(spec: "JobSpec") -> None:
             f"--cpu-per-pod {spec.cpu_per_pod} gives Ray {cpus} CPU(s) per pod, but {workers} "
             f"need 1 CPU each plus {DATA_CPUS_PER_POD} for Ray Data: use --cpu-per-pod {need} "
             "or more")
+
+
+def _gib(quantity: str) -> float:
+    m = re.fullmatch(r"([0-9.]+)([A-Za-z]*)", quantity)
+    assert m is not None, quantity  # checked by _positive_quantity before
+    return float(m[1]) * _CPU_UNITS[m[2]] / 2**30
+
+
+def memory_problem(model: str, workers_per_pod: int, memory_per_pod: str,
+                   head_memory: str) -> str | None:
+    """Why worker pods of this memory cannot hold their workers (less Ray's object store and
+    its own processes), or a head is below what its processes take; None when they fit. Such a
+    job is OOM-killed again and again, retrying until backoffLimit, instead of saying why."""
+    per = WORKER_MEMORY_GIB[model]
+    need = (workers_per_pod * per + RAY_POD_OVERHEAD_GIB) / (1 - OBJECT_STORE_SHARE)
+    if _gib(memory_per_pod) < need:
+        return (f"--memory-per-pod {memory_per_pod} cannot hold {workers_per_pod} {model} Ray "
+                f"Train worker(s) at {per:g} GiB each beside Ray's object store "
+                f"({OBJECT_STORE_SHARE:.0%}) and its processes: use --memory-per-pod "
+                f"{math.ceil(need)}Gi or more")
+    if _gib(head_memory) < HEAD_MEMORY_MIN_GIB:
+        return (f"--head-memory {head_memory} is below the ~{HEAD_MEMORY_MIN_GIB:g} GiB the Ray "
+                "head's processes (GCS, dashboard, the driver) take: use --head-memory 3Gi or more")
+    return None
 
 
 def global_batch_problem(global_batch: int, min_workers: int, max_workers: int,

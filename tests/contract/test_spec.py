@@ -149,7 +149,7 @@ def test_fsdp_without_gpus_is_refused_with_the_fix(values):
     ("4", 0, 3), ("2", 0, 1), ("4", 1, 3), ("9", 8, 1), ("64", 8, 7), ("16", 4, 3),
     ("2500m", 2, 1), ("1500m", 0, 1), ("3", 2, 1)])
 def test_cpus_per_train_worker_leave_one_for_ray_data(cpu, gpus, per_worker):
-    spec = JobSpec.build(name="j", cpu_per_pod=cpu, gpu_per_pod=gpus)
+    spec = JobSpec.build(name="j", cpu_per_pod=cpu, gpu_per_pod=gpus, memory_per_pod="64Gi")
     assert spec.cpus_per_train_worker == per_worker
     assert spec.cpus_per_train_worker * spec.workers_per_pod + 1 <= -(-float(cpu.rstrip("m")) //
                                                                      (1000 if cpu.endswith("m") else 1))
@@ -176,7 +176,8 @@ def test_the_pod_derives_the_same_cpus_per_worker_from_its_document():
     (3, 0, (3, 3, False, 3, 3)), ("3", 0, (3, 3, False, 3, 3)), ("3:3", 0, (3, 3, False, 3, 3)),
     ("1:4", 0, (1, 4, True, 1, 4)), ("2:3", 8, (2, 3, True, 16, 24))])
 def test_replicas_is_a_count_or_a_range(replicas, gpus, expected):
-    spec = JobSpec.build(name="j", replicas=replicas, gpu_per_pod=gpus, cpu_per_pod="9")
+    spec = JobSpec.build(name="j", replicas=replicas, gpu_per_pod=gpus, cpu_per_pod="9",
+                         memory_per_pod="64Gi")
     assert (spec.min_replicas, spec.max_replicas, spec.elastic, spec.min_train_workers,
             spec.num_train_workers) == expected
 
@@ -219,3 +220,31 @@ def test_accumulation_without_a_global_batch_is_one_micro_batch():
     assert accumulation_steps(48, 3, 8) == 2 and accumulation_steps(48, 2, 8) == 3
     with pytest.raises(SpecError, match="not a multiple"):
         accumulation_steps(48, 5, 8)
+
+
+# --- #10 item 2: memory that fits -------------------------------------------------------------
+
+@pytest.mark.parametrize("model, gpus, memory, fix", [
+    ("gpt2-small", 8, "16Gi", "24Gi"), ("gpt2-small", 1, "2Gi", "4Gi"), ("tiny", 0, "1Gi", "2Gi"),
+    ("tiny", 4, "2Gi", "4Gi")])
+def test_pods_without_memory_for_their_workers_are_refused_in_one_line(model, gpus, memory, fix):
+    with pytest.raises(SpecError) as info:
+        JobSpec.build(name="j", model=model, gpu_per_pod=gpus, cpu_per_pod=str(gpus + 2),
+                      memory_per_pod=memory)
+    message = str(info.value)
+    assert "\n" not in message and f"--memory-per-pod {fix} or more" in message
+    assert info.value.exit_code == 2
+    fixed = JobSpec.build(name="j", model=model, gpu_per_pod=gpus, cpu_per_pod=str(gpus + 2),
+                          memory_per_pod=fix)  # the suggested size is accepted
+    assert fixed.memory_per_pod == fix
+
+
+def test_a_head_below_what_its_processes_take_is_refused():
+    with pytest.raises(SpecError, match="--head-memory 1Gi is below .*use --head-memory 3Gi"):
+        JobSpec.build(name="j", head_memory="1Gi")
+    assert JobSpec.build(name="j", head_memory="2Gi").head_memory == "2Gi"
+
+
+def test_the_default_pod_fits_the_readme_headline_job():
+    spec = JobSpec.build(name="gpt2-demo", replicas=8, gpu_per_pod=1)
+    assert spec.memory_per_pod == "16Gi" and spec.num_train_workers == 8

@@ -73,7 +73,7 @@ def test_the_e2e_job_fits_a_four_cpu_runner_with_room_for_ray_data():
     assert job.cpus_per_train_worker == 1 and _ray_cpus(job.cpu_per_pod) == 2  # 1 left for Ray Data
     # worker + head + submitter pod + kind's own ~1 CPU of requests + the operator's 100m
     millis = lambda q: int(q[:-1]) if q.endswith("m") else int(float(q) * 1000)  # noqa: E731
-    total = job.replicas * millis(job.cpu_per_pod) + millis(job.head_cpu) + 200 + 1000 + 100
+    total = job.max_replicas * millis(job.cpu_per_pod) + millis(job.head_cpu) + 200 + 1000 + 100
     assert total <= 4000, total
     assert job.head_memory == "3Gi" and job.checkpoint_every > 0
     assert job.max_failures >= 1  # the script deletes a worker mid-run

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from submitter.contract import storage
 from submitter.contract.errors import SpecError, StoragePolicyError
 from submitter.contract.spec import (_CREDENTIAL_ENV, MAX_NAME_LENGTH, JobSpec, camel, defaults,
-                                     field_types, fields)
+                                     field_types, fields, memory_problem)
 from submitter.contract.storage import OBJECT_STORE_SCHEMES, check_job_storage
 from submitter.plan import to_yaml
 from submitter.render import render
@@ -91,7 +91,7 @@ PARITY = {
     "namespace": dict(name="ns-demo", namespace="team-a"),
     "everything-set": dict(
         name="full", namespace="ml", replicas=4, gpu_per_pod=2, cpu_per_pod="2500m",
-        memory_per_pod="1.5Gi", head_cpu="1", head_memory="2Gi", image="reg.io/team/img:1.2",
+        memory_per_pod="2.5Gi", head_cpu="1", head_memory="2Gi", image="reg.io/team/img:1.2",
         image_pull_policy="Always", env={"WANDB_MODE": "offline", "A_B": 'x: "y"\n- z <&>'},
         storage_path="/mnt/ckpt/./runs/../runs/", storage_mount="/mnt/ckpt/", storage_size="5Gi",
         storage_class="efs.csi.aws.com", model="tiny", epochs=7, max_steps_per_epoch=40,
@@ -259,7 +259,10 @@ _specs = st.fixed_dictionaries({
           and (d["gpu_per_pod"] > 0 or d["gpu_type"] is None)  # a GPU type needs GPUs
           # a CPU per Ray Train worker, plus one for Ray Data (Ray counts the limit rounded up)
           and -(-int(d["cpu_per_pod"].rstrip("m")) // (1000 if d["cpu_per_pod"].endswith("m") else 1))
-          >= max(d["gpu_per_pod"], 1) + 1)
+          >= max(d["gpu_per_pod"], 1) + 1
+          # memory for the pod's workers beside Ray's object store
+          and memory_problem(d.get("model", "gpt2-small"), max(d["gpu_per_pod"], 1),
+                             d["memory_per_pod"], d.get("head_memory", "8Gi")) is None)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
