@@ -155,3 +155,8 @@ def test_submit_local_trains_into_a_bucket(s3_server, storage):
     assert [e["seq"] for e in stored] == [e["seq"] for e in printed if "seq" in e]
     assert any(e["type"] == "checkpoint_saved" and e["path"].startswith("s3://bkt/runs/s3local/")
                for e in stored)
+    # the run's identity and its exported model live in the bucket too
+    keys = s3_server.list("bkt/runs/s3local")
+    assert any(k.endswith("s3local/run.json") for k in keys), keys
+    assert any(k.endswith("s3local/model/model.safetensors") for k in keys), keys
+    assert printed[-1]["export_dir"] == "s3://bkt/runs/s3local/model" and printed[-1]["sample"]
