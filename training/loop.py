@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import zlib
-import os
 import tempfile
 import time
 from typing import Any, Optional
