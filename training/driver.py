@@ -97,7 +97,10 @@ def claim_run_dir(cfg: TrainConfig, notice: Notice, environ: Any = os.environ) -
         encoding = get_encoding(tok_spec)
         block = cfg.block_size or PRESETS[cfg.model].block_size
         ident = identity(cfg.job.to_dict(), tok_spec.kind, encoding.n_vocab, block)
-        notice(claim_run(run_dir, cfg.job.to_dict(), ident))
+        # the ranks file the tokenizer really came from (an image's baked-in one too): export
+        # copies it beside the model
+        job = {**cfg.job.to_dict(), "bpe_file": tok_spec.bpe_file or cfg.bpe_file}
+        notice(claim_run(run_dir, job, ident))
         history = events_sink(run_dir).read()  # events.jsonl: a file, or an object
         check_not_finished(ev.fold(history), cfg.epochs, run_dir, cfg.run_name)
         return Claim(tok_spec, tok_line, read_json(join(run_dir, RUN_FILE)), lock)
