@@ -357,3 +357,24 @@ def report(name: str, storage_path: str | None, namespace: str | None, output_di
     written = api.report(name, storage_path=storage_path, namespace=namespace or _DEFAULTS["namespace"],
                          out_dir=output_dir, context=kube_context, kubeconfig=kubeconfig)
     click.echo(f"wrote {written.png} and {written.html}")
+
+
+@main.command()
+@click.argument("name")
+@click.option("--storage-path", required=True, help="the run's storage path (a directory)")
+@click.option("-n", "--namespace", default=None,
+              help="namespace of a cluster run: its directory is <storage>/<namespace>/<name>")
+@click.option("--checkpoint", default=None, help="a checkpoint directory [default: the latest]")
+@click.option("-o", "--output", required=True, help="new or empty directory to write")
+def export(name: str, storage_path: str, namespace: str | None, checkpoint: str | None,
+           output: str) -> None:
+    """Write a run's model as a Hugging Face directory (GPT2LMHeadModel.from_pretrained).
+
+    \b
+    Examples:
+      submitter export gpt2-local --storage-path ./runs -o gpt2-local-hf
+      submitter export gpt2-demo -n team --storage-path /mnt/checkpoints -o out/
+    """
+    from submitter.local import run_export
+
+    sys.exit(run_export(name, storage_path, output, namespace=namespace, checkpoint=checkpoint))

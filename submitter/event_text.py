@@ -26,7 +26,8 @@ def describe(event: Mapping[str, Any]) -> Optional[str]:
         return (f"epoch {event['epoch']} done: train_loss {fmt(event['train_loss'])}  "
                 f"val_loss {fmt(event['val_loss'])}  {fmt(event['tokens_per_sec'], ',.0f')} tok/s")
     if t == "checkpoint_saved":
-        return f"checkpoint saved: {event['path']}"
+        why = " (preemption)" if event.get("reason") == "preemption" else ""
+        return f"checkpoint saved{why}: {event['path']}"
     if t == "worker_group_restarted":
         return (f"worker group restarted (attempt {event['attempt']}), resumed from "
                 f"{event['resumed_from'] or 'scratch (no checkpoint yet)'}")

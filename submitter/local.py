@@ -105,13 +105,16 @@ def follow_child(spec: JobSpec, storage: str, view: "PlainView") -> LocalOutcome
     finally:
         if proc.poll() is None:
             _kill(proc)
-    state, run_dir = reader.state, os.path.join(storage, spec.run_name)
+    # the child says where the run lives (run_started.run_dir); a local run: <storage>/<name>
+    state, run_dir = reader.state, reader.run_dir or os.path.join(storage, spec.run_name)
     if interrupted or code in (130, -signal.SIGINT):
         error = state.error or ("interrupted (Ctrl-C); run it again with the same name and "
                                 "storage path to continue from the last checkpoint")
         return LocalOutcome(False, state, run_dir, error, 130)
     ok = code == 0 and state.status == "finished"
-    error = None if ok else (state.error or f"python -m training exited with code {code}")
+    error = None if ok else (state.error or (
+        "python -m training refused to start (exit 2: the reason is the error line above)"
+        if code == 2 else f"python -m training exited with code {code}"))
     return LocalOutcome(ok, state, run_dir, error, 0 if ok else (2 if code == 2 else 1))
 
 
@@ -121,6 +124,7 @@ class _Reader:
 
     def __init__(self, proc: subprocess.Popen, view: "PlainView") -> None:
         self.proc, self.view, self.state = proc, view, ev.ProgressState()
+        self.run_dir: Optional[str] = None
 
     def pump(self) -> None:
         assert self.proc.stdout is not None
@@ -128,6 +132,8 @@ class _Reader:
             event = ev.parse_line(line) if line.startswith(ev.STDOUT_PREFIX) else None
             if event is not None:
                 self.state = ev.apply(self.state, event)
+                if event["type"] == "run_started" and isinstance(event.get("run_dir"), str):
+                    self.run_dir = event["run_dir"]
                 self.view.event(event)
             elif line.strip():
                 self.view.notice(line.rstrip("\n"))
@@ -182,7 +188,23 @@ def summary_lines(outcome: Any) -> list[str]:
     if m.get("best_checkpoint"):
         lines.append(f"best checkpoint (val_loss): {m['best_checkpoint']}")
     lines.append(f"events: {os.path.join(outcome.run_dir, EVENTS_FILE)}")
+    if m.get("export_dir"):
+        lines.append(f"model (Hugging Face): {m['export_dir']}")
+    if m.get("sample") is not None:
+        lines.append(f"sample: {m['sample']!r}")
     return lines
+
+
+def run_export(name: str, storage_path: str, output: str, namespace: Optional[str] = None,
+               checkpoint: Optional[str] = None) -> int:
+    """`submitter export`: `python -m training export ...` as a child process (this process
+    never imports torch); its output and exit code are the command's."""
+    JobSpec.build(name=name)  # the same name rules as submit (exit 2 with the fix)
+    require_training_stack("submitter export")
+    argv = [*child_command(), "export", name, "--storage-path", storage_path, "-o", output]
+    argv += ["--namespace", namespace] if namespace else []
+    argv += ["--checkpoint", checkpoint] if checkpoint else []
+    return subprocess.run(argv, env={**os.environ, "PYTHONUNBUFFERED": "1"}).returncode
 
 
 def _listdir(path: str) -> list[str]:

@@ -46,13 +46,68 @@ def prepare_run(spec: JobSpec, environ: Any = os.environ) -> tuple[TrainConfig, 
     filesystem in a pod). Returns the config and a line saying where checkpoints go."""
     from training.mounts import check_storage_here
 
+    from training.run_identity import run_storage_path
+
     path, line = check_storage_here(spec.resolved_storage_path, spec.storage_mount,
                                     spec.allow_ephemeral_storage, environ,
                                     spec.storage_access_mode)
     from training.elastic import cpus_per_worker
 
     cpus = cpus_per_worker(spec.elastic, spec.cpus_per_train_worker, 1.0)
-    return TrainConfig.from_spec(spec, path, cpus_per_worker=cpus), line
+    # a cluster run lives in <storage>/<namespace>/<name>: same name, other namespace, other run
+    return TrainConfig.from_spec(spec, run_storage_path(path, spec.namespace, environ),
+                                 cpus_per_worker=cpus), line
+
+
+@dataclass
+class Claim:
+    """What `claim_run_dir` settled before Ray starts: the tokenizer, the run's record, the lock."""
+    tokenizer: Any
+    tokenizer_line: str
+    record: Optional[dict[str, Any]]
+    lock: Any = None
+
+    def release(self) -> None:
+        if self.lock is not None:
+            self.lock.release()
+
+
+def claim_run_dir(cfg: TrainConfig, notice: Notice, environ: Any = os.environ) -> Claim:
+    """Before anything starts or is written: take the run's lock, refuse a run directory that
+    holds another run (model/data/tokenizer differ) or a finished run with no new epochs, and
+    record a new run's settings (run.json). Raises UsageError subclasses (exit 2)."""
+    from training.emitter import events_sink
+    from training.model import PRESETS
+    from training.run_identity import (RUN_FILE, STALE_AFTER_S, RunLock, check_not_finished,
+                                       claim_run, identity, in_cluster, is_local, join,
+                                       read_json)
+    from training.tokens import get_encoding, resolve_tokenizer
+
+    run_dir = join(cfg.storage_path, cfg.run_name)
+    lock = None
+    if is_local(run_dir):
+        lock = RunLock(run_dir)
+        # in a pod a RayJob retry may start while the old head still winds down: wait it out
+        lock.acquire(wait_s=STALE_AFTER_S + 10 if in_cluster(environ) else 0.0, on_wait=notice)
+    else:
+        notice(f"run lock: none on {cfg.storage_path} (object stores cannot lock); run one "
+               "driver per name")
+    try:
+        tok_spec, tok_line = resolve_tokenizer(cfg.tokenizer, cfg.bpe_file)
+        encoding = get_encoding(tok_spec)
+        block = cfg.block_size or PRESETS[cfg.model].block_size
+        ident = identity(cfg.job.to_dict(), tok_spec.kind, encoding.n_vocab, block)
+        # the ranks file the tokenizer really came from (an image's baked-in one too): export
+        # copies it beside the model
+        job = {**cfg.job.to_dict(), "bpe_file": tok_spec.bpe_file or cfg.bpe_file}
+        notice(claim_run(run_dir, job, ident))
+        history = events_sink(run_dir).read()  # events.jsonl: a file, or an object
+        check_not_finished(ev.fold(history), cfg.epochs, run_dir, cfg.run_name)
+        return Claim(tok_spec, tok_line, read_json(join(run_dir, RUN_FILE)), lock)
+    except BaseException:
+        if lock is not None:
+            lock.release()
+        raise
 
 
 def run_dir_of(cfg: TrainConfig) -> str:
@@ -103,6 +158,15 @@ def quiet_logs() -> None:
     warnings.filterwarnings("ignore", message=_NOISY_WARNINGS)
 
 
+def worker_setup() -> None:
+    """Every Ray process's setup hook: quiet logs, and SIGTERM as a preemption request while
+    a training loop runs (training.preempt)."""
+    from training.preempt import install_in_ray_worker
+
+    quiet_logs()
+    install_in_ray_worker()
+
+
 def ensure_ray(cfg: TrainConfig, **init_kwargs: Any) -> None:
     """Connect to the cluster (RAY_ADDRESS, as in a RayJob) or start an embedded Ray whose
     own output stays in its log files (the events are what a person reads)."""
@@ -118,7 +182,7 @@ def ensure_ray(cfg: TrainConfig, **init_kwargs: Any) -> None:
         init_kwargs.setdefault("log_to_driver", False)
         init_kwargs.setdefault("logging_level", logging.ERROR)
         env_vars.update(LOCAL_RAY_ENV)
-    init_kwargs.setdefault("runtime_env", {"worker_process_setup_hook": "training.driver.quiet_logs",
+    init_kwargs.setdefault("runtime_env", {"worker_process_setup_hook": "training.driver.worker_setup",
                                            "env_vars": env_vars})
     ray.init(**init_kwargs)
 
@@ -126,36 +190,114 @@ def ensure_ray(cfg: TrainConfig, **init_kwargs: Any) -> None:
 def run(cfg: TrainConfig, *, on_event: OnEvent, notice: Notice = print,
         poll_seconds: float = 0.5) -> RunOutcome:
     """Train; every event goes to the sinks and to `on_event`. Never raises for a training
-    failure (the outcome says it). The storage was checked by `prepare_run`."""
+    failure (the outcome says it). The storage was checked by `prepare_run`; a run directory
+    that is locked, holds another run or a finished one raises UsageError before Ray starts."""
     quiet_logs()
+    claim = claim_run_dir(cfg, notice)
+    try:
+        return _run_claimed(cfg, claim, on_event, notice, poll_seconds)
+    finally:
+        claim.release()
+
+
+def _run_claimed(cfg: TrainConfig, claim: Claim, on_event: OnEvent, notice: Notice,
+                 poll_seconds: float) -> RunOutcome:
+    from training.preempt import DriverPreemption
+
     ensure_ray(cfg)
     import ray
 
     hub = _start_hub(cfg)
     poller = _Poller(hub, on_event, poll_seconds)
+    preemption = DriverPreemption(hub)
     try:
-        trainer, facts = _prepare(cfg, hub, notice)
+        trainer, facts = _prepare(cfg, hub, notice, claim)
         ray.get(hub.emit.remote("run_started", run_name=cfg.run_name, num_workers=cfg.num_workers,
-                                storage_path=cfg.storage_path, **facts))
+                                storage_path=cfg.storage_path, run_dir=_run_uri(cfg), **facts))
         poller.start()
+        preemption.install()
         result = trainer.fit()
+        preemption.uninstall()
+        if preemption.fired:  # Ray Train's Ctrl-C handler aborted fit() for us
+            raise KeyboardInterrupt
         final = _final_fields(cfg, result)
+        _wait_for_checkpoint_event(hub, final.get("latest_checkpoint"))
+        final.update(_export_at_end(cfg, result, claim, notice))
         ray.get(hub.emit.remote("run_finished", **final))
         ok, error = True, None
     except Exception as e:  # noqa: BLE001 - training failures become run_failed
+        if preemption.fired:
+            _preempted(hub, preemption)
         error = _one_line(e)
         ray.get(hub.emit.remote("run_failed", error=error))
         ok = False
     except KeyboardInterrupt:
+        if preemption.fired:  # SIGTERM: the checkpoint is registered, a retry resumes from it
+            _preempted(hub, preemption)
         ray.get(hub.emit.remote("run_failed", error="interrupted (Ctrl-C); resubmit with the "
                                 "same storage path and name to continue"))
         raise
     finally:
+        preemption.uninstall()
         poller.stop()
         state = ev.ProgressState.from_dict(ray.get(hub.snapshot.remote()))
         session = ray.get(hub.since.remote(0))
         ray.kill(hub)
     return RunOutcome(ok, state, session, run_dir_of(cfg), error)
+
+
+def _preempted(hub: Any, preemption: Any) -> None:
+    """The driver's SIGTERM ended fit(): run_failed with reason preemption, then Preempted
+    (exit 143: retryable)."""
+    import ray
+
+    from training.preempt import Preempted
+
+    error = preemption.message()
+    ray.get(hub.emit.remote("run_failed", error=error, reason="preemption"))
+    raise Preempted(error) from None
+
+
+def _run_uri(cfg: TrainConfig) -> str:
+    from training.run_identity import join
+
+    return join(cfg.storage_path, cfg.run_name)
+
+
+def _wait_for_checkpoint_event(hub: Any, path: Optional[str], timeout: float = 10.0) -> None:
+    """The controller sends checkpoint_saved for the last checkpoint as fit() returns; let it
+    land before run_finished so the story stays in order."""
+    import time
+
+    import ray
+
+    if not path:
+        return
+    name = os.path.basename(path.rstrip("/"))
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if any(e["type"] == "checkpoint_saved" and str(e.get("path", "")).endswith(name)
+               for e in ray.get(hub.since.remote(0))):
+            return
+        time.sleep(0.1)
+
+
+def _export_at_end(cfg: TrainConfig, result: Any, claim: Claim, notice: Notice) -> dict[str, Any]:
+    """`<run>/model` as a Hugging Face directory, and a greedy sample for run_finished.
+    A failed export costs the export, not the run (its checkpoints are safe)."""
+    from training.export import EXPORT_DIR, SAMPLE_PROMPT, export_run_end
+    from training.run_identity import join
+
+    if result.checkpoint is None:
+        return {}
+    try:
+        out = export_run_end(result.checkpoint, join(_run_uri(cfg), EXPORT_DIR), claim.record)
+    except Exception as e:  # noqa: BLE001
+        notice(f"export failed ({_one_line(e)}); the checkpoints are intact: submitter export "
+               f"{cfg.run_name} ... -o DIR retries it")
+        return {"export_error": _one_line(e)}
+    return {"export_dir": out["export_dir"], "sample_prompt": SAMPLE_PROMPT,
+            "sample": out["sample"]}
 
 
 def _start_hub(cfg: TrainConfig) -> Any:
@@ -172,7 +314,8 @@ def _start_hub(cfg: TrainConfig) -> Any:
     return actor.remote(run_dir_of(cfg), env)
 
 
-def _prepare(cfg: TrainConfig, hub: Any, notice: Notice) -> tuple[Any, dict[str, Any]]:
+def _prepare(cfg: TrainConfig, hub: Any, notice: Notice,
+             claim: Claim) -> tuple[Any, dict[str, Any]]:
     """Tokenizer, data, model size and the TorchTrainer; returns it and facts for run_started."""
     import ray
     import ray.train
@@ -181,15 +324,16 @@ def _prepare(cfg: TrainConfig, hub: Any, notice: Notice) -> tuple[Any, dict[str,
 
     from training.data import load_corpus, token_datasets
     from training.loop import train_func
+    from training.checkpoint_events import CheckpointEvents
     from training.model import PRESETS, expected_parameters
     from training.elastic import scaling_options
     from training.run_plan import data_config, plan_run
-    from training.tokens import get_encoding, resolve_tokenizer
+    from training.tokens import get_encoding
 
     ctx = DataContext.get_current()
     ctx.enable_progress_bars = False
     ctx.execution_options.preserve_order = True  # same data order on every (re)start
-    tok_spec, tok_line = resolve_tokenizer(cfg.tokenizer, cfg.bpe_file)
+    tok_spec, tok_line = claim.tokenizer, claim.tokenizer_line
     notice(tok_line)
     encoding = get_encoding(tok_spec)
     corpus = load_corpus(cfg.dataset, cfg.dataset_config, cfg.data, cfg.data_format,
@@ -217,6 +361,7 @@ def _prepare(cfg: TrainConfig, hub: Any, notice: Notice) -> tuple[Any, dict[str,
                 num_to_keep=cfg.num_to_keep, checkpoint_score_attribute="val_loss",
                 checkpoint_score_order="min"),
             failure_config=ray.train.FailureConfig(max_failures=cfg.max_failures),
+            callbacks=[CheckpointEvents(hub, _run_uri(cfg))],
             logging_config=ray.LoggingConfig(log_level="WARNING")),
         datasets={"train": train_ds, "val": val_ds},
         dataset_config=data_config(),

@@ -47,9 +47,13 @@ class FileSink:
 
     def __init__(self, path: str) -> None:
         self.path = path
+        self._repaired = False
 
     def write(self, event: Mapping[str, Any], state: ev.ProgressState) -> None:
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        if not self._repaired:
+            repair_torn_tail(self.path)
+            self._repaired = True
         with open(self.path, "a", encoding="utf-8") as f:
             f.write(ev.to_json(event) + "\n")
 
@@ -59,6 +63,24 @@ class FileSink:
                 return ev.parse_lines(f.read())
         except FileNotFoundError:
             return []
+
+
+def repair_torn_tail(path: str) -> bool:
+    """End a torn last line (a node crashed mid-write) with a newline, so the next event starts
+    a line of its own instead of being glued onto the fragment and lost. The fragment stays (it
+    is evidence, and readers skip lines that are not events). True if it repaired something."""
+    try:
+        with open(path, "rb+") as f:
+            f.seek(0, os.SEEK_END)
+            if f.tell() == 0:
+                return False
+            f.seek(-1, os.SEEK_END)
+            if f.read(1) == b"\n":
+                return False
+            f.write(b"\n")
+            return True
+    except FileNotFoundError:
+        return False
 
 
 class Emitter:
@@ -108,6 +130,13 @@ class Emitter:
         if now is not None:  # known from now on, also when no event said it
             self.state = dataclasses.replace(self.state, world_size=now)
         return out
+
+    def request_preemption(self) -> None:
+        """The driver got SIGTERM: the workers (polling) checkpoint at their next step."""
+        self.preempt = True
+
+    def preemption_requested(self) -> bool:
+        return getattr(self, "preempt", False)
 
     def since(self, seq: int) -> list[dict[str, Any]]:
         """This session's events with a seq above `seq` (for the driver's live output)."""

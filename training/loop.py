@@ -20,13 +20,14 @@ from __future__ import annotations
 
 import contextlib
 import zlib
-import os
 import tempfile
 import time
 from typing import Any, Optional
 
+from training.checkpoint_io import load_state, save_state
 from training.config import TrainConfig
 from training.object_store import as_uri
+from training.preempt import StepGate, leave, preemption_metrics
 
 STATE_FILE = "state.pt"
 #: Blocks in each worker's local shuffle buffer, in micro-batches.
@@ -134,7 +135,7 @@ def train_func(loop_config: dict[str, Any]) -> None:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
 
         with checkpoint.as_directory() as d:
-            state = torch.load(os.path.join(d, STATE_FILE), map_location="cpu", weights_only=False)
+            state = load_state(d)  # weights_only: the storage is shared (training.checkpoint_io)
         set_state_dict(model, optimizer, model_state_dict=state["model"],
                        optim_state_dict=state["optimizer"],
                        options=StateDictOptions(full_state_dict=True))
@@ -166,7 +167,7 @@ def train_func(loop_config: dict[str, Any]) -> None:
         with tempfile.TemporaryDirectory() as tmp:
             ckpt = None
             if rank == 0:
-                torch.save({"model": model_sd, "optimizer": optim_sd,
+                save_state(tmp, **{"model": model_sd, "optimizer": optim_sd,
                             "scheduler": plan.to_dict(), "epoch": epoch,
                             "step": step, "step_in_epoch": step_in_epoch,
                             "epoch_done": epoch_done, "config": cfg.to_dict(),
@@ -174,13 +175,11 @@ def train_func(loop_config: dict[str, Any]) -> None:
                             "steps_per_epoch": steps_per_epoch,
                             "steps_per_epoch_measured": measured,
                             "accumulation": accum, "precision": precision.name,
-                            "scaler": scaler.state_dict() if scaler is not None else None},
-                           os.path.join(tmp, STATE_FILE))
+                            "scaler": scaler.state_dict() if scaler is not None else None})
                 ckpt = Checkpoint.from_directory(tmp)
-            ray.train.report(metrics, checkpoint=ckpt, checkpoint_dir_name=name)
-        events.emit("checkpoint_saved", epoch=epoch + 1, step=step,
-                    path=os.path.join(cfg.storage_path, cfg.run_name, name),
-                    val_loss=metrics.get("val_loss"))
+            # checkpoint_saved comes from the controller once registered (training.checkpoint_events)
+            ray.train.report({**metrics, "epoch_done": epoch_done}, checkpoint=ckpt,
+                             checkpoint_dir_name=name)
 
     def to_device(batch: dict[str, Any]) -> Any:
         return torch.from_numpy(batch["input_ids"]).to(device, non_blocking=True)
@@ -241,6 +240,9 @@ def train_func(loop_config: dict[str, Any]) -> None:
     train_shard = ray.train.get_dataset_shard("train")
     first_step = True  # report the first step of every start (time to first/resumed step)
     cap = cfg.max_steps_per_epoch
+    # SIGTERM -> checkpoint at a step boundary (training.preempt); the flag is read with the
+    # progress window's host sync, so no step pays for one of its own
+    gate = StepGate(device, loop_config.get("hub"), every=cfg.progress_every)
     for epoch in range(start_epoch, cfg.epochs):
         done_in_epoch = skip if epoch == start_epoch else 0
         epoch_loss = torch.zeros((), device=device, dtype=torch.float64)
@@ -263,6 +265,7 @@ def train_func(loop_config: dict[str, Any]) -> None:
             waited = time.perf_counter() - t_wait
             if len(micro) < accum:
                 break  # the epoch's data ran out (a partial accumulation is dropped)
+            gate.begin()
             step_loss = step_once(micro)
             done_in_epoch += 1
             epoch_loss += step_loss
@@ -292,6 +295,11 @@ def train_func(loop_config: dict[str, Any]) -> None:
                       "train_loss": epoch_loss.item() / epoch_steps}, epoch, done_in_epoch, False)
                 paused = time.perf_counter() - t_pause  # not training time: out of tokens/s
                 epoch_start, window_start = epoch_start + paused, window_start + paused
+            if gate.stop():  # preempted: save where we are (unless just saved), retryable exit
+                if not (cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and not last_of_epoch):
+                    save(preemption_metrics(epoch, step, epoch_loss.item() / epoch_steps), epoch,
+                         done_in_epoch, False)
+                leave(step)
 
         # --- end of epoch: the real steps per epoch, validate, report, checkpoint -------------
         if not measured and done_in_epoch:  # (skipped steps of a resumed epoch count too)
@@ -313,4 +321,5 @@ def train_func(loop_config: dict[str, Any]) -> None:
                     tokens_per_sec=round(tok_s, 1), data_wait_fraction=round(wait_fraction, 4),
                     steps=epoch_steps)
         save(metrics, epoch, done_in_epoch, True)
+    gate.close()
     events.flush()

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import posixpath
 from dataclasses import dataclass
-from typing import Mapping, Optional
+from typing import Callable, Mapping, Optional
 
 from submitter.contract.errors import StoragePolicyError
 from submitter.contract.storage import (OBJECT_STORE_SCHEMES, check_job_storage,
@@ -73,13 +73,28 @@ def mount_for(path: str, mounts: list[Mount]) -> Optional[Mount]:
     return best
 
 
+#: Filesystem types that are shared only when they are a volume's own mount: as the container's
+#: root (`/`) they are the sandbox's disk (gVisor's 9p, Kata's virtiofs, rootless
+#: fuse-overlayfs) and die with the pod.
+ROOT_LOOKALIKES = frozenset({"9p", "virtiofs"})
+
+
 def is_shared(fstype: str) -> bool:
     return fstype in SHARED_FSTYPES or fstype.startswith("fuse.") or fstype.startswith("nfs")
 
 
+def is_shared_mount(m: Mount) -> bool:
+    """A mount every pod can see: a network filesystem, or a 9p/virtiofs/fuse.* mount that is
+    a volume's (a mount point other than `/`), never the container's root."""
+    if m.fstype in ROOT_LOOKALIKES or m.fstype.startswith("fuse"):
+        return m.mount_point != "/"
+    return is_shared(m.fstype)
+
+
 def check_storage_in_container(path: str, mount: str, mountinfo: str, *, in_kubernetes: bool,
                                allow_ephemeral: bool = False,
-                               access_mode: str = "ReadWriteMany") -> tuple[str, str]:
+                               access_mode: str = "ReadWriteMany",
+                               resolve: Callable[[str], str] = os.path.realpath) -> tuple[str, str]:
     """(the storage path to use, a one-line verdict for the output), or StoragePolicyError.
 
     In a pod the render-time policy runs again first (a chart-rendered job meets it here for
@@ -90,15 +105,20 @@ def check_storage_in_container(path: str, mount: str, mountinfo: str, *, in_kube
         local = check_local_storage(path)
         return local, f"storage: {local} (local directory)"
     local = check_job_storage(path, mount, access_mode).path
-    found = mount_for(local, parse_mountinfo(mountinfo))
-    if found is not None and is_shared(found.fstype):
-        return local, f"storage: {local} on {found.fstype} {found.source} (shared)"
+    real = resolve(local)  # a symlink under the mount may point at the pod's own disk
+    found = mount_for(real, parse_mountinfo(mountinfo))
+    via = f" (a symlink to {real})" if real != local else ""
+    if found is not None and is_shared_mount(found):
+        return local, f"storage: {local}{via} on {found.fstype} {found.source} (shared)"
     where = f"{found.fstype} at {found.mount_point}" if found else "no mount"
+    if found is not None and found.mount_point == "/" and (
+            found.fstype in ROOT_LOOKALIKES or found.fstype.startswith("fuse")):
+        where += " (the container's root, not a volume)"
     if allow_ephemeral:
-        return local, (f"storage: {local} is on {where}, which is NOT shared: checkpoints die "
+        return local, (f"storage: {local}{via} is on {where}, which is NOT shared: checkpoints die "
                        "with the pod (allowed by --allow-ephemeral-storage)")
     raise StoragePolicyError(
-        f"--storage-path {local} is on {where}, the pod's own disk: KubeRay deletes it with the "
+        f"--storage-path {local}{via} is on {where}, the pod's own disk: KubeRay deletes it with the "
         "pod and every checkpoint with it; mount a ReadWriteMany PVC (NFS, CephFS, EFS...) there, "
         "use s3://..., or pass --allow-ephemeral-storage to train anyway")
 

@@ -36,6 +36,21 @@ REQUIRED: dict[str, frozenset[str]] = {
     "run_failed": frozenset({"error"}),
 }
 EVENT_TYPES = tuple(REQUIRED)
+#: Fields some events carry besides the required ones (consumers treat all as optional).
+OPTIONAL: dict[str, frozenset[str]] = {
+    # run_dir: where the run lives (`<storage>/<namespace>/<name>` for a cluster run)
+    "run_started": frozenset({"run_dir", "model", "params", "tokenizer", "data", "epochs",
+                              "steps_per_epoch", "block_size", "batch_size_per_worker"}),
+    # sent by Ray Train's controller once the checkpoint is registered (what a resume uses):
+    # registered is true; reason is epoch_end | interval | preemption (SIGTERM)
+    "checkpoint_saved": frozenset({"step", "val_loss", "registered", "reason"}),
+    # export_dir: the Hugging Face directory; sample: a greedy continuation of sample_prompt
+    "run_finished": frozenset({"epoch", "step", "train_loss", "val_loss", "tokens_per_sec",
+                               "checkpoint_dir", "latest_checkpoint", "best_checkpoint",
+                               "export_dir", "sample_prompt", "sample", "export_error"}),
+    # reason: preemption when the driver got SIGTERM (the run is retryable)
+    "run_failed": frozenset({"reason"}),
+}
 
 
 class EventError(ValueError):

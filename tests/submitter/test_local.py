@@ -90,6 +90,16 @@ def test_summary_names_the_metrics_and_the_checkpoints(tmp_path):
     assert "training failed: boom" in failed[0]
 
 
+def test_summary_shows_the_exported_model_and_its_sample(tmp_path):
+    state = ev.ProgressState(status="finished", metrics={
+        "epoch": 2, "step": 240, "export_dir": str(tmp_path / "model"), "sample_prompt": "The ",
+        "sample": "The cat sat"})
+    text = "\n".join(summary_lines(SimpleNamespace(ok=True, state=state, run_dir=str(tmp_path),
+                                                    error=None)))
+    assert f"model (Hugging Face): {tmp_path / 'model'}" in text
+    assert "sample: 'The cat sat'" in text
+
+
 def test_json_view_prints_events_only(capsys):
     import io
 

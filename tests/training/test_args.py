@@ -92,7 +92,8 @@ def test_the_pod_applies_the_storage_policy_the_chart_cannot():
     with pytest.raises(StoragePolicyError, match="ReadWriteMany"):
         prepare_run(JobSpec.build(name="j", storage_access_mode="ReadWriteOnce"), pod)
     cfg, line = prepare_run(JobSpec.build(name="j", storage_path="s3://b/r"), pod)
-    assert cfg.storage_path == "s3://b/r" and "object store" in line
+    # a cluster run lives under its namespace: <storage>/<namespace>/<name>
+    assert cfg.storage_path == "s3://b/r/default" and "object store" in line
 
 
 def test_module_entrypoint_bad_input_exits_2_with_one_line(tmp_path):

@@ -123,3 +123,35 @@ def test_seq_continues_from_the_configmap_when_no_file_is_shared(monkeypatch):
     assert em.seq == 12
     assert em.emit("run_finished")["seq"] == 13
     assert api.patches and api.patches[-1][1] == "team"
+
+
+def test_a_torn_last_line_is_repaired_before_appending(tmp_path):
+    """A node crashed mid-write: the next driver's first event must not be glued onto the
+    fragment (and lost with it)."""
+    path = tmp_path / naming.EVENTS_FILE
+    whole = ev.to_json(ev.make_event("run_started", seq=1, run_name="r", num_workers=1,
+                                     storage_path="/s"))
+    path.write_text(whole + "\n" + '{"v":1,"type":"progress","ti')
+    em = RunEmitter(str(tmp_path), {})
+    em.emit("run_resumed", resumed_from="/s/r/ck", epoch=1, step=4)
+    events = FileSink(str(path)).read()
+    assert [e["type"] for e in events] == ["run_started", "run_resumed"]
+    assert events[-1]["seq"] == 2
+    assert path.read_text().splitlines()[1].startswith('{"v":1,"type":"progress","ti')  # kept
+
+
+def test_a_complete_last_line_without_newline_is_kept_as_an_event(tmp_path):
+    from training.emitter import repair_torn_tail
+
+    path = tmp_path / naming.EVENTS_FILE
+    path.write_text(ev.to_json(ev.make_event("run_finished", seq=1)))
+    assert repair_torn_tail(str(path)) is True and repair_torn_tail(str(path)) is False
+    FileSink(str(path)).write(ev.make_event("run_failed", seq=2, error="x"), ev.ProgressState())
+    assert [e["seq"] for e in FileSink(str(path)).read()] == [1, 2]
+
+
+def test_the_driver_can_ask_the_workers_for_a_preemption_checkpoint():
+    em = Emitter([])
+    assert em.preemption_requested() is False
+    em.request_preemption()
+    assert em.preemption_requested() is True

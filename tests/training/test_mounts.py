@@ -103,3 +103,48 @@ def test_this_machines_mountinfo_parses():
     with open("/proc/self/mountinfo") as f:
         mounts = parse_mountinfo(f.read())
     assert mount_for("/", mounts) is not None and mount_for("/", mounts).mount_point == "/"
+
+
+# gVisor (9p root), Kata (virtiofs root), rootless (fuse-overlayfs root), and real volumes of
+# the same types mounted at the PVC's path.
+SANDBOX = """\
+1 0 0:1 / / rw - {root} rootfs rw
+2 1 0:2 / /proc rw - proc proc rw
+3 1 0:3 / /mnt/checkpoints rw - {pvc} pvc-source rw
+"""
+
+
+@pytest.mark.parametrize("root", ["9p", "virtiofs", "fuse.fuse-overlayfs", "fuse"])
+def test_a_sandbox_root_filesystem_is_not_shared_storage(root):
+    info = SANDBOX.format(root=root, pvc="nfs4").replace(" /mnt/checkpoints ", " /mnt/other ")
+    with pytest.raises(StoragePolicyError, match="container's root"):
+        check_storage_in_container("/mnt/checkpoints/runs", MOUNT, info, in_kubernetes=True,
+                                   resolve=lambda p: p)
+
+
+@pytest.mark.parametrize("pvc", ["9p", "virtiofs", "fuse.juicefs"])
+def test_9p_virtiofs_and_fuse_are_shared_when_they_are_the_mount_of_a_pvc(pvc):
+    _, verdict = check_storage_in_container("/mnt/checkpoints/runs", MOUNT,
+                                            SANDBOX.format(root="overlay", pvc=pvc),
+                                            in_kubernetes=True, resolve=lambda p: p)
+    assert "shared" in verdict and pvc in verdict
+
+
+def test_a_symlink_under_the_mount_pointing_at_the_pods_disk_is_refused():
+    """/mnt/checkpoints/runs -> /home/ray/runs: the policy sees the mount, the data lands on
+    the overlay root."""
+    resolve = {"/mnt/checkpoints/runs": "/home/ray/runs"}.get
+    with pytest.raises(StoragePolicyError) as e:
+        check_storage_in_container("/mnt/checkpoints/runs", MOUNT, POD, in_kubernetes=True,
+                                   resolve=lambda p: resolve(p, p))
+    assert "a symlink to /home/ray/runs" in str(e.value) and "overlay" in str(e.value)
+
+
+def test_the_real_path_is_resolved_by_default(storage):
+    real = storage / "real"
+    real.mkdir()
+    (storage / "link").symlink_to(real)
+    info = f"1 0 0:1 / / rw - overlay overlay rw\n2 1 0:2 / {storage}/link rw - nfs4 srv:/x rw\n"
+    with pytest.raises(StoragePolicyError, match="a symlink to"):
+        check_storage_in_container(f"{storage}/link", f"{storage}/link", info,
+                                   in_kubernetes=True)

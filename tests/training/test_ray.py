@@ -89,6 +89,13 @@ def _pids_with_title(prefix: str) -> list[int]:
     return pids
 
 
+def _our_workers() -> list[int]:
+    """Ray Train workers of this test's Ray (descendants of this process): other sessions on
+    the machine may run their own."""
+    mine = set(_descendants(os.getpid()))
+    return [p for p in _pids_with_title("ray::RayTrainWorker") if p in mine]
+
+
 def _descendants(pid: int) -> list[int]:
     out, todo = [], [pid]
     while todo:
@@ -147,9 +154,19 @@ def test_end_to_end_on_wikitext(storage, fresh_ray):
     # the checkpoint holds everything a resume needs
     import torch
 
-    blob = torch.load(Path(final["best_checkpoint"]) / "state.pt", weights_only=False)
+    blob = torch.load(Path(final["best_checkpoint"]) / "state.pt", weights_only=True)
     assert {"model", "optimizer", "scheduler", "epoch", "step", "config"} <= set(blob)
     assert blob["step"] == 75 and blob["config"]["run_name"] == "e2e"
+    # checkpoint_saved is told once Ray Train registered it (what a resume uses)
+    saved_events = [e for e in events if e["type"] == "checkpoint_saved"]
+    assert all(e["registered"] is True and e["reason"] == "epoch_end" for e in saved_events)
+    # the run's identity beside its checkpoints, and a model that leaves
+    assert json.loads((storage / "e2e" / "run.json").read_text())["identity"]["model"] == "tiny"
+    assert not (storage / "e2e" / "run.lock").exists()
+    from transformers import GPT2LMHeadModel
+
+    hf = GPT2LMHeadModel.from_pretrained(final["export_dir"])
+    assert hf.config.vocab_size == 257 and final["sample"].startswith(final["sample_prompt"])
 
 
 def test_the_driver_log_holds_the_events_and_not_rays_chatter(storage, tmp_path):
@@ -184,7 +201,7 @@ def test_a_killed_worker_restarts_the_group_from_the_last_checkpoint(storage, fr
             _committed_checkpoint(storage, "ft")
 
     def kill_one_worker() -> None:
-        pids = _pids_with_title("ray::RayTrainWorker")
+        pids = _our_workers()
         assert len(pids) == 2, pids
         os.kill(pids[-1], signal.SIGKILL)
         killed.append(pids[-1])
@@ -267,3 +284,88 @@ def test_a_stopped_run_continues_with_the_same_next_step_loss(storage, fresh_ray
     assert all(later[s] == straight[s] for s in later)
     assert [e["seq"] for e in events] == list(range(1, len(events) + 1))  # seq continued
     assert events[-1]["type"] == "run_finished" and events[-1]["step"] == 24
+
+
+def test_sigterm_to_a_worker_checkpoints_and_the_retry_redoes_at_most_one_step(storage, fresh_ray):
+    """A spot node's SIGTERM reaches one worker mid-epoch: every rank stops at the next step
+    boundary, saves a checkpoint with reason preemption, and Ray Train retries from it."""
+    steps = 30
+    signalled: list[int] = []
+
+    def mid_epoch_one(events: list[dict]) -> bool:
+        return any(e["type"] == "progress" and e["step"] >= 12 for e in events)
+
+    def sigterm_one_worker() -> None:
+        pids = _our_workers()
+        assert len(pids) == 2, pids
+        os.kill(pids[-1], signal.SIGTERM)
+        signalled.append(pids[-1])
+
+    watcher = _when(storage, "pre", mid_epoch_one, sigterm_one_worker)
+    outcome = _run(_args(storage, "pre", "--replicas", "2", "--epochs", "2",
+                         "--max-steps-per-epoch", str(steps), "--max-failures", "2",
+                         "--progress-every", "1"))
+    watcher.join(timeout=1)
+    assert signalled, "no worker got SIGTERM"
+    assert outcome.ok, outcome.error
+    events = _events(storage, "pre")
+    saved = [e for e in events if e["type"] == "checkpoint_saved" and e["reason"] == "preemption"]
+    assert len(saved) == 1 and saved[0]["registered"] is True
+    at = saved[0]["step"]
+    assert 12 <= at < steps  # mid-epoch 1
+    restarts = [e for e in events if e["type"] == "worker_group_restarted"]
+    assert len(restarts) == 1 and restarts[0]["resumed_from"] == saved[0]["path"]
+    assert restarts[0]["step"] == at
+    i = events.index(restarts[0])
+    done_before = max(e["step"] for e in events[:i] if e["type"] == "progress")
+    first_after = next(e for e in events[i:] if e["type"] == "progress")["step"]
+    assert done_before - at <= 1 and first_after == at + 1  # at most one step redone
+    assert [e["epoch"] for e in events if e["type"] == "epoch_finished"] == [1, 2]
+    assert events[-1]["type"] == "run_finished" and events[-1]["step"] == 2 * steps
+
+
+def test_sigterm_to_the_driver_checkpoints_exits_143_and_the_next_start_resumes_there(
+        storage, fresh_ray):
+    """The head pod is preempted: the driver asks every worker for a checkpoint at the next
+    step, records run_failed (reason preemption) and exits 143, which a RayJob retries."""
+    common = ["--replicas", "1", "--epochs", "2", "--max-steps-per-epoch", "30",
+              "--progress-every", "1"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("RAY_ADDRESS", None)
+    log = (storage / "driver.log").open("wb")
+    proc = subprocess.Popen([sys.executable, "-m", "training", *_args(storage, "dt", *common)],
+                            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and proc.poll() is None:
+            if any(e["type"] == "progress" and e["step"] >= 8 for e in _events(storage, "dt")):
+                break
+            time.sleep(0.1)
+        assert proc.poll() is None, "the run ended before it could be preempted"
+        os.kill(proc.pid, signal.SIGTERM)
+        code = proc.wait(timeout=180)
+    finally:
+        for pid in [proc.pid, *_descendants(proc.pid)]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        proc.wait(timeout=30)
+        log.close()
+    assert code == 143, (storage / "driver.log").read_text(errors="replace")[-3000:]
+    before = _events(storage, "dt")
+    saved = [e for e in before if e["type"] == "checkpoint_saved" and e["reason"] == "preemption"]
+    assert saved and all(e["registered"] for e in saved)
+    assert before[-1]["type"] == "run_failed" and before[-1]["reason"] == "preemption"
+    at = saved[-1]["step"]
+    done = max(e["step"] for e in before if e["type"] == "progress")
+    assert done - at <= 1
+
+    again = _run(_args(storage, "dt", *common))
+    assert again.ok, again.error
+    events = _events(storage, "dt")[len(before):]
+    resumed = next(e for e in events if e["type"] == "run_resumed")
+    assert resumed["step"] == at
+    assert next(e for e in events if e["type"] == "progress")["step"] == at + 1
+    assert events[-1]["type"] == "run_finished" and events[-1]["step"] == 60

@@ -1,0 +1,45 @@
+"""`checkpoint_saved`, told by the one process that knows: Ray Train's controller.
+
+A worker's `ray.train.report(checkpoint=...)` returns once the files are on storage, but a
+resume uses only what the controller has *registered* (its run snapshot,
+`checkpoint_manager_snapshot.json`). Ray Train calls a `UserCallback.after_report` after its
+checkpoint manager registered the report and wrote that snapshot, so the event sent from
+there is true when it is read: `registered: true`, with the reason the loop saved it
+(`epoch_end`, `interval` or `preemption`).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Optional
+
+from ray.train import UserCallback
+
+
+def reason_of(metrics: dict[str, Any]) -> str:
+    if metrics.get("reason"):
+        return str(metrics["reason"])
+    return "epoch_end" if metrics.get("epoch_done") else "interval"
+
+
+def event_fields(metrics: dict[str, Any], checkpoint_path: str, run_uri: str) -> dict[str, Any]:
+    """The checkpoint_saved fields for a registered checkpoint (pure: tested without Ray)."""
+    return {"epoch": metrics.get("epoch"), "step": metrics.get("step"),
+            "path": run_uri.rstrip("/") + "/" + os.path.basename(checkpoint_path.rstrip("/"))
+            if "://" in run_uri else os.path.join(run_uri, os.path.basename(checkpoint_path)),
+            "val_loss": None if reason_of(metrics) == "preemption" else metrics.get("val_loss"),
+            "reason": reason_of(metrics),
+            "registered": True}
+
+
+class CheckpointEvents(UserCallback):
+    """Runs in the controller; sends to the run's emitter actor (fire and forget)."""
+
+    def __init__(self, hub: Any, run_uri: str) -> None:
+        self.hub, self.run_uri = hub, run_uri
+
+    def after_report(self, run_context: Any, metrics: list, checkpoint: Optional[Any]) -> None:
+        if checkpoint is None:
+            return
+        first = metrics[0] if metrics else {}
+        self.hub.emit.remote("checkpoint_saved", **event_fields(first, checkpoint.path, self.run_uri))

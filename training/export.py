@@ -1,0 +1,209 @@
+"""A model that leaves: a checkpoint -> a Hugging Face directory, and a short greedy sample.
+
+The directory holds `config.json` + `model.safetensors` (what `GPT2LMHeadModel.from_pretrained`
+loads) and the tokenizer: `tokenizer_info.json` always (kind, vocabulary, end-of-text id), plus
+the tiktoken ranks file for a GPT-2 BPE built from one (`gpt2.tiktoken`). The exported model has
+exactly the tokenizer's vocabulary: rows a trainer padded the embedding with (for speed) are
+sliced off, so its logits are the vocabulary's and nothing else.
+
+`python -m training export NAME --storage-path P -o DIR` (what `submitter export` runs as a
+child process, so the CLI never imports torch) exports a run's latest checkpoint; the driver
+exports `<run>/model` at the end of every run and puts the sample into `run_finished`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+from typing import Any, Mapping, Optional, Sequence
+
+from submitter.contract.errors import UsageError
+from training.checkpoint_io import STATE_FILE, load_state
+
+#: The prompt every run's sample starts from, and how many tokens it adds (greedy: repeatable).
+SAMPLE_PROMPT = "The "
+SAMPLE_TOKENS = 32
+EXPORT_DIR = "model"
+TOKENIZER_INFO = "tokenizer_info.json"
+_CKPT = re.compile(r"^checkpoint_epoch(\d+)_step(\d+)$")
+
+
+# --- which checkpoint --------------------------------------------------------------------------
+
+def latest_checkpoint(run_dir: str) -> str:
+    """The newest checkpoint directory of a run (highest step, then epoch) that has a state."""
+    try:
+        names = os.listdir(run_dir)
+    except OSError:
+        raise UsageError(f"no run at {run_dir}; check the name, --storage-path and --namespace") from None
+    found = []
+    for name in names:
+        m = _CKPT.match(name)
+        if m and os.path.exists(os.path.join(run_dir, name, STATE_FILE)):
+            found.append(((int(m.group(2)), int(m.group(1))), name))
+    if not found:
+        raise UsageError(f"{run_dir} has no checkpoint yet; train it first (submitter submit)")
+    return os.path.join(run_dir, max(found)[1])
+
+
+def tokenizer_of(run_record: Optional[Mapping[str, Any]], model_config: Mapping[str, Any]) -> dict[str, Any]:
+    """What the run trained with: from its run.json, else inferred from the vocabulary size."""
+    ident = (run_record or {}).get("identity") or {}
+    job = (run_record or {}).get("job") or {}
+    # a padded embedding (a multiple of 64 rows) keeps the tokenizer's size in its config
+    vocab = (ident.get("vocab_size") or model_config.get("tokenizer_vocab_size")
+             or model_config["vocab_size"])
+    kind = ident.get("tokenizer") or ("byte" if vocab <= 257 else "gpt2")
+    return {"kind": kind, "vocab_size": int(vocab), "bpe_file": job.get("bpe_file"),
+            "eot_token_id": model_config.get("eos_token_id")}
+
+
+# --- the model ------------------------------------------------------------------------------------
+
+def hf_model(state: Mapping[str, Any], vocab_size: Optional[int] = None):
+    """A GPT2LMHeadModel with the checkpoint's weights and exactly `vocab_size` token rows."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    cfg = dict(state["model_config"])
+    weights = {k.removeprefix("module.").removeprefix("_orig_mod."): v
+               for k, v in state["model"].items()}
+    padded = weights["transformer.wte.weight"].shape[0]
+    vocab = vocab_size or padded
+    if vocab > padded:
+        raise UsageError(f"the checkpoint has {padded} token rows, fewer than the tokenizer's {vocab}")
+    for key in ("transformer.wte.weight", "lm_head.weight"):
+        if key in weights:
+            weights[key] = weights[key][:vocab].clone()
+    cfg.update(vocab_size=vocab, use_cache=True)
+    if "tokenizer_vocab_size" in cfg:
+        cfg["tokenizer_vocab_size"] = vocab
+    config = GPT2Config.from_dict(cfg)
+    model = GPT2LMHeadModel(config)
+    missing, unexpected = model.load_state_dict(weights, strict=False)
+    missing = [k for k in missing if k != "lm_head.weight" and not k.endswith(".attn.bias")]
+    if missing or unexpected:
+        raise ValueError(f"the checkpoint does not fit GPT-2: missing {missing[:3]}, "
+                         f"unexpected {unexpected[:3]}")
+    model.tie_weights()
+    model.eval()
+    return model
+
+
+def encoding_for(tok: Mapping[str, Any]):
+    from training.tokens import TokenizerSpec, get_encoding
+
+    spec = (TokenizerSpec("bpe-file", tok["bpe_file"]) if tok["kind"] == "bpe-file"
+            else TokenizerSpec(tok["kind"]))
+    return get_encoding(spec)
+
+
+def greedy_sample(model, encoding, prompt: str = SAMPLE_PROMPT, tokens: int = SAMPLE_TOKENS) -> str:
+    """The prompt and `tokens` greedy continuations, decoded (bytes that do not form UTF-8
+    show as U+FFFD)."""
+    import torch
+
+    ids = list(encoding.encode_ordinary(prompt))
+    block = model.config.n_positions
+    with torch.no_grad():
+        for _ in range(tokens):
+            x = torch.tensor([ids[-block:]], dtype=torch.long)
+            ids.append(int(model(input_ids=x).logits[0, -1].argmax()))
+    return encoding.decode_bytes(ids).decode("utf-8", errors="replace")
+
+
+def write_hf_dir(model, tok: Mapping[str, Any], out_dir: str, source: str) -> None:
+    """config.json, model.safetensors and the tokenizer files into out_dir."""
+    os.makedirs(out_dir, exist_ok=True)
+    model.save_pretrained(out_dir, safe_serialization=True)
+    info = {"kind": tok["kind"], "vocab_size": tok["vocab_size"],
+            "eot_token_id": tok["eot_token_id"], "eot_token": "<|endoftext|>",
+            "source_checkpoint": source}
+    if tok["kind"] == "byte":
+        info["note"] = ("byte-level: token i < 256 is the byte i, 256 is <|endoftext|>; "
+                        "decode with bytes(ids).decode('utf-8', 'replace')")
+    elif tok["kind"] == "bpe-file" and tok.get("bpe_file") and os.path.exists(tok["bpe_file"]):
+        shutil.copyfile(tok["bpe_file"], os.path.join(out_dir, "gpt2.tiktoken"))
+        info["tiktoken_ranks_file"] = "gpt2.tiktoken"
+        info["note"] = "the GPT-2 BPE: tiktoken.Encoding(name='gpt2', pat_str=r50k, ranks of gpt2.tiktoken)"
+    else:
+        info["tiktoken_encoding"] = "gpt2"
+        info["note"] = "the GPT-2 BPE: tiktoken.get_encoding('gpt2')"
+    with open(os.path.join(out_dir, TOKENIZER_INFO), "w", encoding="utf-8") as f:
+        json.dump(info, f, indent=2, sort_keys=True)
+        f.write("\n")
+
+
+def export_checkpoint(checkpoint_dir: str, out_dir: str,
+                      run_record: Optional[Mapping[str, Any]] = None) -> dict[str, Any]:
+    """Export one checkpoint; returns {"export_dir", "sample", "checkpoint"}."""
+    state = load_state(checkpoint_dir)
+    tok = tokenizer_of(run_record, state["model_config"])
+    model = hf_model(state, tok["vocab_size"])
+    write_hf_dir(model, tok, out_dir, checkpoint_dir)
+    try:
+        sample = greedy_sample(model, encoding_for(tok))
+    except Exception as e:  # noqa: BLE001 - a tokenizer that cannot load here costs the sample only
+        sample = f"(no sample: {type(e).__name__})"
+    return {"export_dir": out_dir, "sample": sample, "checkpoint": checkpoint_dir}
+
+
+def export_run_end(checkpoint: Any, target: str, run_record: Optional[Mapping[str, Any]]) -> dict[str, Any]:
+    """The driver's end-of-run export of a Ray Checkpoint into `target` (a path or URI)."""
+    import tempfile
+
+    from training.run_identity import is_local
+
+    with checkpoint.as_directory() as d:
+        if is_local(target):
+            return export_checkpoint(d, target, run_record)
+        with tempfile.TemporaryDirectory() as tmp:
+            out = export_checkpoint(d, tmp, run_record)
+            import pyarrow.fs as pafs
+
+            pafs.copy_files(tmp, target)
+            return {**out, "export_dir": target}
+
+
+# --- `python -m training export` ------------------------------------------------------------------
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, exit 2, no usage dump
+        raise UsageError(f"{message} (see python -m training export --help)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="python -m training export",
+                description="Write a run's latest checkpoint as a Hugging Face GPT-2 directory "
+                            "(config.json, model.safetensors, tokenizer info) and print a sample.")
+    p.add_argument("name", help="the run (job) name")
+    p.add_argument("--storage-path", required=True, help="the run's storage path (a directory)")
+    p.add_argument("-n", "--namespace", default=None,
+                   help="the namespace of a cluster run (its directory is <storage>/<ns>/<name>)")
+    p.add_argument("--checkpoint", default=None, help="a checkpoint directory (default: the latest)")
+    p.add_argument("-o", "--output", required=True, help="directory to write (new or empty)")
+    return p
+
+
+def main(argv: Sequence[str]) -> int:
+    from training.run_identity import RUN_FILE, read_json
+
+    ns = build_parser().parse_args(list(argv))
+    storage = ns.storage_path
+    if "://" in storage and not storage.startswith("file://"):
+        raise UsageError("export reads a run on a mounted directory; copy an object-store run "
+                         "down first (e.g. aws s3 sync) and pass that directory")
+    storage = storage.removeprefix("file://")
+    run_dir = os.path.join(os.path.abspath(storage), *([ns.namespace] if ns.namespace else []), ns.name)
+    ckpt = os.path.abspath(ns.checkpoint) if ns.checkpoint else latest_checkpoint(run_dir)
+    if not os.path.exists(os.path.join(ckpt, STATE_FILE)):
+        raise UsageError(f"{ckpt} is not a checkpoint (no {STATE_FILE})")
+    out = os.path.abspath(ns.output)
+    if os.path.exists(out) and (not os.path.isdir(out) or os.listdir(out)):
+        raise UsageError(f"-o {ns.output} exists and is not an empty directory; pick a new one")
+    result = export_checkpoint(ckpt, out, read_json(os.path.join(run_dir, RUN_FILE)))
+    print(f"exported {ckpt} to {out} (GPT2LMHeadModel.from_pretrained({out!r}))", flush=True)
+    print(f"sample: {result['sample']!r}", flush=True)
+    return 0
