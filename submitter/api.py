@@ -197,7 +197,7 @@ def report(name: str, *, storage_path: str | None = None, namespace: str | None 
     from submitter import report as report_module
 
     if storage_path is not None:
-        run = report_module.from_run_dir(storage_path, name)
+        run = report_module.from_run_dir(storage_path, name, namespace)
     else:
         run = report_module.from_cluster(_kube(kube, context, kubeconfig),
                                          _namespace(namespace, context, kubeconfig), name)

@@ -185,8 +185,12 @@ def refuse_drift(wanted: dict, live: dict, namespace: str) -> None:
     name = live["metadata"]["name"]
     state = job_state(live, None, name=name, namespace=namespace)
     shown = "; ".join(diffs[:3]) + (f"; and {len(diffs) - 3} more" if len(diffs) > 3 else "")
-    way_out = (f"submitter resume {name} -n {namespace} continues the finished run with its stored spec"
-               if state.terminal else f"wait for it (submitter watch {name} -n {namespace})")
+    if state.state == "SUCCEEDED":  # the run is complete: the pod refuses to re-run it as is
+        way_out = "to train it further, delete it and submit again with more --epochs"
+    elif state.terminal:
+        way_out = f"submitter resume {name} -n {namespace} continues the run with its stored spec"
+    else:
+        way_out = f"wait for it (submitter watch {name} -n {namespace})"
     raise Conflict(f"RayJob {name} already exists ({state.state}) with a different spec ({shown}); "
                    f"nothing was changed. Use another --name, or submitter delete {name} -n {namespace} "
                    f"first (checkpoints are kept), or {way_out}")

@@ -40,18 +40,20 @@ class RunData:
 
 # --- sources ------------------------------------------------------------------------------------
 
-def events_file(storage_path: str, name: str) -> Path:
-    """The run's events.jsonl: `<storage>/<name>/`, or STORAGE is the run directory itself, or
-    one level deeper (a run directory that also names the namespace or the run's identity)."""
+def events_file(storage_path: str, name: str, namespace: str | None = None) -> Path:
+    """The run's events.jsonl: `<storage>/<namespace>/<name>/` (a cluster run), `<storage>/<name>/`
+    (a local run), STORAGE as the run directory itself, or one level deeper."""
     root = Path(storage_path).expanduser()
-    candidates = [root / name / naming.EVENTS_FILE, root / naming.EVENTS_FILE]
+    candidates = [root / namespace / name / naming.EVENTS_FILE] if namespace else []
+    candidates += [root / name / naming.EVENTS_FILE, root / naming.EVENTS_FILE]
     candidates += sorted(root.glob(f"*/{name}/{naming.EVENTS_FILE}"))
     candidates += sorted(root.glob(f"{name}*/{naming.EVENTS_FILE}"))
     for path in candidates:
         if path.is_file():
             return path
     raise NotFound(f"no {naming.EVENTS_FILE} for run {name} under {storage_path}; give the "
-                   "--storage-path the run used (its run directory is <storage-path>/<name>)")
+                   "--storage-path the run used (its run directory is <storage-path>/<name>, or "
+                   "<storage-path>/<namespace>/<name> for a cluster run)")
 
 
 def from_events(name: str, source: str, events: list[Mapping[str, Any]],
@@ -62,8 +64,8 @@ def from_events(name: str, source: str, events: list[Mapping[str, Any]],
                    dict(settings or {}), facts)
 
 
-def from_run_dir(storage_path: str, name: str) -> RunData:
-    path = events_file(storage_path, name)
+def from_run_dir(storage_path: str, name: str, namespace: str | None = None) -> RunData:
+    path = events_file(storage_path, name, namespace)
     try:
         text = path.read_text(errors="replace")
     except OSError as e:
