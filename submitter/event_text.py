@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Optional
 
+from submitter.contract.events import duration
+
 
 def fmt(value: Any, spec: str = ".4f") -> str:
     return "n/a" if value is None else format(value, spec)
@@ -45,16 +47,6 @@ def describe(event: Mapping[str, Any]) -> Optional[str]:
     return None
 
 
-def duration(seconds: float) -> str:
-    """45s, 12m30s, 3h05m, 2d04h: short and exact enough for an ETA."""
-    s = int(round(seconds))
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s"
-    if s < 86400:
-        return f"{s // 3600}h{s % 3600 // 60:02d}m"
-    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
 
 
 def eta_text(progress: Any, now: Any = None) -> Optional[str]:

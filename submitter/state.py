@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Callable, Iterable, Mapping
 
-from submitter.contract.events import ProgressState, fold, parse_lines
+from submitter.contract.events import ProgressState, duration, fold, parse_lines
 from submitter.contract.naming import CONFIGMAP_EVENTS_KEY, CONFIGMAP_STATE_KEY
 
 #: The one-word states, in the order a job normally moves through them.
@@ -199,14 +199,6 @@ def parse_time(text: Any) -> datetime | None:
     return value if value.tzinfo else value.replace(tzinfo=timezone.utc)
 
 
-def duration(seconds: float) -> str:
-    """12s, 4m10s, 2h05m: short and exact enough for a warning."""
-    seconds = int(round(seconds))
-    if seconds < 60:
-        return f"{seconds}s"
-    if seconds < 3600:
-        return f"{seconds // 60}m{seconds % 60:02d}s"
-    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
 
 
 # --- the table --------------------------------------------------------------------------------

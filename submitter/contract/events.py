@@ -239,6 +239,18 @@ def _cadence(state: ProgressState, e: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+def duration(seconds: float) -> str:
+    """45s, 12m30s, 3h05m, 2d04h: short and exact enough for an ETA or a stall warning."""
+    s = int(round(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+
+
 def eta_seconds(state: ProgressState, now: datetime | None = None) -> float | None:
     """Seconds until the last step at the run's cadence (None: unknown or not running). With
     `now`, the time since the last progress event is already spent."""
