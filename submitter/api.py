@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import io
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator, TextIO
 
 from submitter.contract.spec import JobSpec
 
@@ -156,37 +156,42 @@ class _QueueSink:
 
 def delete(name: str, namespace: str | None = None, *, delete_pvc: str | None = None,
            context: str | None = None, kubeconfig: str | None = None,
-           kube: "Kube | None" = None) -> str:
+           kube: "Kube | None" = None, out: "TextIO | None" = None) -> str:
     """Delete the job's RayJob, RBAC and progress ConfigMap (the PVC only when named); returns
-    the report the CLI prints."""
+    the report (written to `out` as it happens instead, when given: the CLI)."""
     from submitter.lifecycle import delete_job
 
-    out = io.StringIO()
+    sink = out or io.StringIO()
     delete_job(_kube(kube, context, kubeconfig), _namespace(namespace, context, kubeconfig), name,
-               delete_pvc=delete_pvc, out=out)
-    return out.getvalue()
+               delete_pvc=delete_pvc, out=sink)
+    return "" if out else sink.getvalue()
 
 
 def stop(name: str, namespace: str | None = None, *, context: str | None = None,
-         kubeconfig: str | None = None, kube: "Kube | None" = None) -> str:
-    """Suspend a running job (KubeRay's `suspend`; `resume` continues it); returns the report."""
+         kubeconfig: str | None = None, kube: "Kube | None" = None,
+         out: "TextIO | None" = None) -> str:
+    """Suspend a running job (KubeRay's `suspend`; `resume` continues it); returns the report
+    (written to `out` instead, when given)."""
     from submitter.lifecycle import stop_job
 
-    out = io.StringIO()
-    stop_job(_kube(kube, context, kubeconfig), _namespace(namespace, context, kubeconfig), name, out=out)
-    return out.getvalue()
+    sink = out or io.StringIO()
+    stop_job(_kube(kube, context, kubeconfig), _namespace(namespace, context, kubeconfig), name,
+             out=sink)
+    return "" if out else sink.getvalue()
 
 
 def resume(name: str, namespace: str | None = None, *, context: str | None = None,
-           kubeconfig: str | None = None, kube: "Kube | None" = None) -> str:
+           kubeconfig: str | None = None, kube: "Kube | None" = None,
+           out: "TextIO | None" = None) -> str:
     """Continue a STOPPED, SUSPENDED or FAILED job (or one deleted with its PVC kept) from its
-    last checkpoint, with the settings it was submitted with; returns the report."""
+    last checkpoint, with the settings it was submitted with; returns the report (written to
+    `out` instead, when given)."""
     from submitter.lifecycle import resume_job
 
-    out = io.StringIO()
+    sink = out or io.StringIO()
     resume_job(_kube(kube, context, kubeconfig), _namespace(namespace, context, kubeconfig), name,
-               out=out)
-    return out.getvalue()
+               out=sink)
+    return "" if out else sink.getvalue()
 
 
 def report(name: str, *, storage_path: str | None = None, namespace: str | None = None,

@@ -169,9 +169,10 @@ def status(name: str, namespace: str, output: str, kube_context: str | None, kub
       submitter status gpt2-demo
       submitter status gpt2-demo -n team-a -o json
     """
-    from submitter.cluster import status as job_status
+    from submitter import api
 
-    _print_states([job_status(_kube(kube_context, kubeconfig), namespace, name)], output, single=True)
+    _print_states([api.status(name, namespace, kube=_kube(kube_context, kubeconfig))], output,
+                  single=True)
 
 
 @click.command(name="list")
@@ -243,9 +244,9 @@ def stop(name: str, namespace: str, kube_context: str | None, kubeconfig: str | 
       submitter stop gpt2-demo
       submitter stop gpt2-demo -n team-a && submitter resume gpt2-demo -n team-a
     """
-    from submitter.lifecycle import stop_job
+    from submitter import api
 
-    stop_job(_kube(kube_context, kubeconfig), namespace, name, out=sys.stdout)
+    api.stop(name, namespace, kube=_kube(kube_context, kubeconfig), out=sys.stdout)
 
 
 @click.command()
@@ -267,9 +268,10 @@ def delete(name: str, namespace: str, delete_pvc: str | None, kube_context: str 
       submitter delete gpt2-demo
       submitter delete gpt2-demo --delete-pvc gpt2-demo-checkpoints
     """
-    from submitter.lifecycle import delete_job
+    from submitter import api
 
-    delete_job(_kube(kube_context, kubeconfig), namespace, name, delete_pvc=delete_pvc, out=sys.stdout)
+    api.delete(name, namespace, delete_pvc=delete_pvc, kube=_kube(kube_context, kubeconfig),
+               out=sys.stdout)
 
 
 @click.command()
@@ -292,10 +294,10 @@ def resume(name: str, namespace: str, watch_after: bool, kube_context: str | Non
       submitter delete gpt2-demo && submitter resume gpt2-demo   # same settings, same run
     """
     from submitter.cluster import watch_job
-    from submitter.lifecycle import resume_job
+    from submitter import api
 
     kube = _kube(kube_context, kubeconfig)
-    resume_job(kube, namespace, name, out=sys.stdout)
+    api.resume(name, namespace, kube=kube, out=sys.stdout)
     if watch_after:
         sys.exit(watch_job(kube, namespace, name))
 
