@@ -124,10 +124,15 @@ def test_a_killed_worker_resumes_from_the_checkpoint_in_the_bucket(s3_server):
     assert len(restarts) == 1
     saved = [e["path"] for e in events if e["type"] == "checkpoint_saved"]
     assert saved and all(p.startswith("s3://bkt/runs/s3ft/") for p in saved)
-    assert restarts[0]["resumed_from"] == saved[0] and restarts[0]["step"] == steps
-    after = [e for e in events[events.index(restarts[0]):] if e["type"] == "progress"]
-    assert after[0]["step"] == steps + 1
-    assert [e["epoch"] for e in events if e["type"] == "epoch_finished"] == [1, 2, 3]
+    # the group resumed from the last checkpoint Ray had registered before the kill (under
+    # load that may still be epoch 1's while epoch 2 already ended: then epoch 2 is redone)
+    i = events.index(restarts[0])
+    last = [e for e in events[:i] if e["type"] == "checkpoint_saved"][-1]
+    assert restarts[0]["resumed_from"] == last["path"] and restarts[0]["step"] == last["step"]
+    assert last["step"] >= steps
+    after = [e for e in events[i:] if e["type"] == "progress"]
+    assert after[0]["step"] == last["step"] + 1
+    assert sorted({e["epoch"] for e in events if e["type"] == "epoch_finished"}) == [1, 2, 3]
     assert events[-1]["type"] == "run_finished" and events[-1]["step"] == 3 * steps
     keys = s3_server.list("bkt/runs/s3ft")
     assert any(k.endswith("/state.pt") or "checkpoint_" in k for k in keys), keys
