@@ -116,7 +116,10 @@ def greedy_sample(model, encoding, prompt: str = SAMPLE_PROMPT, tokens: int = SA
 
 def write_hf_dir(model, tok: Mapping[str, Any], out_dir: str, source: str) -> None:
     """config.json, model.safetensors and the tokenizer files into out_dir."""
+    from transformers.utils import logging as hf_logging
+
     os.makedirs(out_dir, exist_ok=True)
+    hf_logging.disable_progress_bar()  # a "Writing model shards" bar is noise in a job's log
     model.save_pretrained(out_dir, safe_serialization=True)
     info = {"kind": tok["kind"], "vocab_size": tok["vocab_size"],
             "eot_token_id": tok["eot_token_id"], "eot_token": "<|endoftext|>",
