@@ -154,6 +154,15 @@ class _QueueSink:
         pass  # follow's return value is the final state
 
 
+def _reported(operation: Any, kube: "Kube", namespace: str, name: str,
+              out: "TextIO | None", **options: Any) -> str:
+    """Run a lifecycle operation that reports as it goes: into `out` when given (the CLI
+    streams to stdout), else into a string that is returned."""
+    sink = out or io.StringIO()
+    operation(kube, namespace, name, out=sink, **options)
+    return "" if out else sink.getvalue()
+
+
 def delete(name: str, namespace: str | None = None, *, delete_pvc: str | None = None,
            context: str | None = None, kubeconfig: str | None = None,
            kube: "Kube | None" = None, out: "TextIO | None" = None) -> str:
@@ -161,10 +170,8 @@ def delete(name: str, namespace: str | None = None, *, delete_pvc: str | None = 
     the report (written to `out` as it happens instead, when given: the CLI)."""
     from submitter.lifecycle import delete_job
 
-    sink = out or io.StringIO()
-    delete_job(_kube(kube, context, kubeconfig), _namespace(namespace, context, kubeconfig), name,
-               delete_pvc=delete_pvc, out=sink)
-    return "" if out else sink.getvalue()
+    return _reported(delete_job, _kube(kube, context, kubeconfig),
+                     _namespace(namespace, context, kubeconfig), name, out, delete_pvc=delete_pvc)
 
 
 def stop(name: str, namespace: str | None = None, *, context: str | None = None,
@@ -174,10 +181,8 @@ def stop(name: str, namespace: str | None = None, *, context: str | None = None,
     (written to `out` instead, when given)."""
     from submitter.lifecycle import stop_job
 
-    sink = out or io.StringIO()
-    stop_job(_kube(kube, context, kubeconfig), _namespace(namespace, context, kubeconfig), name,
-             out=sink)
-    return "" if out else sink.getvalue()
+    return _reported(stop_job, _kube(kube, context, kubeconfig),
+                     _namespace(namespace, context, kubeconfig), name, out)
 
 
 def resume(name: str, namespace: str | None = None, *, context: str | None = None,
@@ -188,10 +193,8 @@ def resume(name: str, namespace: str | None = None, *, context: str | None = Non
     `out` instead, when given)."""
     from submitter.lifecycle import resume_job
 
-    sink = out or io.StringIO()
-    resume_job(_kube(kube, context, kubeconfig), _namespace(namespace, context, kubeconfig), name,
-               out=sink)
-    return "" if out else sink.getvalue()
+    return _reported(resume_job, _kube(kube, context, kubeconfig),
+                     _namespace(namespace, context, kubeconfig), name, out)
 
 
 def report(name: str, *, storage_path: str | None = None, namespace: str | None = None,

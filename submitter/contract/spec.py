@@ -795,12 +795,17 @@ _CPU_UNITS = {"m": 1e-3, "": 1, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e
               "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
 
 
+def _quantity_value(quantity: str) -> float:
+    """A Kubernetes quantity as a plain number (CPUs, bytes)."""
+    m = re.fullmatch(r"([0-9.]+)([A-Za-z]*)", quantity)
+    assert m is not None, quantity  # checked by _positive_quantity before
+    return float(m[1]) * _CPU_UNITS[m[2]]
+
+
 def _ray_cpus(quantity: str) -> int:
     """The CPUs Ray sees in a pod with this CPU limit: KubeRay's `--num-cpus` is the limit
     rounded up to a whole CPU (resource.Quantity.Value())."""
-    m = re.fullmatch(r"([0-9.]+)([A-Za-z]*)", quantity)
-    assert m is not None, quantity  # checked by _positive_quantity before
-    return math.ceil(float(m[1]) * _CPU_UNITS[m[2]] - 1e-9)
+    return math.ceil(_quantity_value(quantity) - 1e-9)
 
 
 def _check_fit(spec: "JobSpec") -> None:
@@ -817,9 +822,7 @@ def _check_fit(spec: "JobSpec") -> None:
 
 
 def _gib(quantity: str) -> float:
-    m = re.fullmatch(r"([0-9.]+)([A-Za-z]*)", quantity)
-    assert m is not None, quantity  # checked by _positive_quantity before
-    return float(m[1]) * _CPU_UNITS[m[2]] / 2**30
+    return _quantity_value(quantity) / 2**30
 
 
 def memory_problem(model: str, workers_per_pod: int, memory_per_pod: str,
