@@ -241,8 +241,10 @@ def train_func(loop_config: dict[str, Any]) -> None:
     first_step = True  # report the first step of every start (time to first/resumed step)
     cap = cfg.max_steps_per_epoch
     # SIGTERM -> checkpoint at a step boundary (training.preempt); the flag is read with the
-    # progress window's host sync, so no step pays for one of its own
-    gate = StepGate(device, loop_config.get("hub"), every=cfg.progress_every)
+    # progress window's host sync, so no step pays for one of its own. Only rank 0 asks the
+    # driver's actor: the max-reduce hands its answer to every rank.
+    gate = StepGate(device, loop_config.get("hub") if rank == 0 else None,
+                    every=cfg.progress_every)
     for epoch in range(start_epoch, cfg.epochs):
         done_in_epoch = skip if epoch == start_epoch else 0
         epoch_loss = torch.zeros((), device=device, dtype=torch.float64)
@@ -288,7 +290,9 @@ def train_func(loop_config: dict[str, Any]) -> None:
                 window_steps, window_start, window_wait = 0, time.perf_counter(), 0.0
                 first_step = False
             last_of_epoch = bool(cap) and done_in_epoch >= cap
-            if cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and not last_of_epoch:
+            interval_save = bool(cfg.checkpoint_every) and step % cfg.checkpoint_every == 0 \
+                and not last_of_epoch
+            if interval_save:
                 t_pause = time.perf_counter()
                 val_loss = evaluate()
                 save({"epoch": epoch + 1, "step": step, "val_loss": val_loss,
@@ -296,7 +300,7 @@ def train_func(loop_config: dict[str, Any]) -> None:
                 paused = time.perf_counter() - t_pause  # not training time: out of tokens/s
                 epoch_start, window_start = epoch_start + paused, window_start + paused
             if gate.stop():  # preempted: save where we are (unless just saved), retryable exit
-                if not (cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and not last_of_epoch):
+                if not interval_save:
                     save(preemption_metrics(epoch, step, epoch_loss.item() / epoch_steps), epoch,
                          done_in_epoch, False)
                 leave(step)
