@@ -18,7 +18,6 @@ from submitter.contract import events as ev
 from submitter.contract import naming
 from submitter.contract.spec import JobSpec
 from submitter.contract.stack import require_training_stack as _require
-from submitter.contract.storage import local_path, scheme_of
 from training.config import TrainConfig
 
 Notice = Callable[[str], None]
@@ -83,7 +82,7 @@ def claim_run_dir(cfg: TrainConfig, notice: Notice, environ: Any = os.environ) -
                                        read_json)
     from training.tokens import get_encoding, resolve_tokenizer
 
-    run_dir = join(cfg.storage_path, cfg.run_name)
+    run_dir = run_dir_of(cfg)
     lock = None
     if is_local(run_dir):
         lock = RunLock(run_dir)
@@ -113,9 +112,9 @@ def claim_run_dir(cfg: TrainConfig, notice: Notice, environ: Any = os.environ) -
 def run_dir_of(cfg: TrainConfig) -> str:
     """`<storage_path>/<run_name>`, where events.jsonl lives beside the checkpoints: a local
     path, or a URI for an object store."""
-    if scheme_of(cfg.storage_path) not in ("", "file"):
-        return f"{cfg.storage_path.rstrip('/')}/{cfg.run_name}"
-    return os.path.join(local_path(cfg.storage_path), cfg.run_name)
+    from training.run_identity import join
+
+    return join(cfg.storage_path, cfg.run_name)
 
 
 def local_num_cpus(cfg: TrainConfig) -> int:
@@ -213,7 +212,7 @@ def _run_claimed(cfg: TrainConfig, claim: Claim, on_event: OnEvent, notice: Noti
     try:
         trainer, facts = _prepare(cfg, hub, notice, claim)
         ray.get(hub.emit.remote("run_started", run_name=cfg.run_name, num_workers=cfg.num_workers,
-                                storage_path=cfg.storage_path, run_dir=_run_uri(cfg), **facts))
+                                storage_path=cfg.storage_path, run_dir=run_dir_of(cfg), **facts))
         poller.start()
         preemption.install()
         result = trainer.fit()
@@ -258,12 +257,6 @@ def _preempted(hub: Any, preemption: Any) -> None:
     raise Preempted(error) from None
 
 
-def _run_uri(cfg: TrainConfig) -> str:
-    from training.run_identity import join
-
-    return join(cfg.storage_path, cfg.run_name)
-
-
 def _wait_for_checkpoint_event(hub: Any, path: Optional[str], timeout: float = 10.0) -> None:
     """The controller sends checkpoint_saved for the last checkpoint as fit() returns; let it
     land before run_finished so the story stays in order."""
@@ -291,7 +284,7 @@ def _export_at_end(cfg: TrainConfig, result: Any, claim: Claim, notice: Notice) 
     if result.checkpoint is None:
         return {}
     try:
-        out = export_run_end(result.checkpoint, join(_run_uri(cfg), EXPORT_DIR), claim.record)
+        out = export_run_end(result.checkpoint, join(run_dir_of(cfg), EXPORT_DIR), claim.record)
     except Exception as e:  # noqa: BLE001
         notice(f"export failed ({_one_line(e)}); the checkpoints are intact: submitter export "
                f"{cfg.run_name} ... -o DIR retries it")
@@ -361,7 +354,7 @@ def _prepare(cfg: TrainConfig, hub: Any, notice: Notice,
                 num_to_keep=cfg.num_to_keep, checkpoint_score_attribute="val_loss",
                 checkpoint_score_order="min"),
             failure_config=ray.train.FailureConfig(max_failures=cfg.max_failures),
-            callbacks=[CheckpointEvents(hub, _run_uri(cfg))],
+            callbacks=[CheckpointEvents(hub, run_dir_of(cfg))],
             logging_config=ray.LoggingConfig(log_level="WARNING")),
         datasets={"train": train_ds, "val": val_ds},
         dataset_config=data_config(),
