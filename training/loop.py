@@ -19,10 +19,11 @@ of that time the step loop waited for data.
 from __future__ import annotations
 
 import contextlib
-import zlib
 import tempfile
+import threading
 import time
-from typing import Any, Optional
+import zlib
+from typing import Any, Iterator, Optional
 
 from training.checkpoint_io import load_state, save_state
 from training.config import TrainConfig
@@ -95,6 +96,40 @@ def _all_mean(values: list[float], device: Any) -> list[float]:
     return (t / dist.get_world_size()).tolist()
 
 
+class Prefetched:
+    """An iterator whose first item is fetched at once in a background thread, so that the
+    source (a Ray Data pipeline: processes to start, blocks to read and tokenize) warms up
+    while the caller does other work (builds the model). Iterating joins that thread first;
+    after it, items come from the source in the caller's thread, in order."""
+
+    def __init__(self, source: Iterator[Any]) -> None:
+        self._source = source
+        self._first: list[Any] = []
+        self._error: Optional[BaseException] = None
+        self._thread = threading.Thread(target=self._fetch, name="prefetch-first", daemon=True)
+        self._thread.start()
+
+    def _fetch(self) -> None:
+        try:
+            self._first.append(next(self._source))
+        except StopIteration:
+            pass
+        except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
+            self._error = e
+
+    def __iter__(self) -> "Prefetched":
+        return self
+
+    def __next__(self) -> Any:
+        self._thread.join()  # at once after the first call
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+        if self._first:
+            return self._first.pop()
+        return next(self._source)
+
+
 def train_func(loop_config: dict[str, Any]) -> None:
     import ray.train
     import ray.train.torch
@@ -119,6 +154,25 @@ def train_func(loop_config: dict[str, Any]) -> None:
     def autocast() -> Any:
         return precision.autocast(device.type)
 
+    # --- the checkpoint's state first: it says which epoch's data to start streaming -------
+    state, resumed_from = None, None
+    checkpoint = ray.train.get_checkpoint()
+    if checkpoint is not None:
+        with checkpoint.as_directory() as d:
+            state = load_state(d)  # weights_only: the storage is shared (training.checkpoint_io)
+        resumed_from = as_uri(cfg.storage_path, checkpoint.path)
+    start_epoch, skip, step = resume_point(state)
+    train_shard = ray.train.get_dataset_shard("train")
+
+    def epoch_batches(epoch: int) -> Iterator[dict[str, Any]]:
+        return iter(train_shard.iter_batches(
+            batch_size=cfg.batch_size_per_worker, drop_last=True, batch_format="numpy",
+            local_shuffle_buffer_size=cfg.batch_size_per_worker * SHUFFLE_BATCHES,
+            local_shuffle_seed=shuffle_seed(cfg.seed, epoch, rank)))
+
+    # The data pipeline starts now and fills while the model is built (start-up, issue #12).
+    first_batches = Prefetched(epoch_batches(start_epoch)) if start_epoch < cfg.epochs else None
+
     # --- model, optimizer, schedule; then the checkpoint on top ----------------------------
     torch.manual_seed(cfg.seed)
     model_config = gpt2_config(cfg.model, loop_config["vocab_size"], loop_config["eot_id"],
@@ -129,20 +183,14 @@ def train_func(loop_config: dict[str, Any]) -> None:
     optimizer = build_optimizer(model, cfg.learning_rate, cfg.weight_decay, BETAS)
     scaler = make_scaler(precision, device.type, sharded=is_fsdp(model))
 
-    state, resumed_from = None, None
-    checkpoint = ray.train.get_checkpoint()
-    if checkpoint is not None:
+    if state is not None:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
 
-        with checkpoint.as_directory() as d:
-            state = load_state(d)  # weights_only: the storage is shared (training.checkpoint_io)
         set_state_dict(model, optimizer, model_state_dict=state["model"],
                        optim_state_dict=state["optimizer"],
                        options=StateDictOptions(full_state_dict=True))
         if scaler is not None and state.get("scaler"):
             scaler.load_state_dict(state["scaler"])
-        resumed_from = as_uri(cfg.storage_path, checkpoint.path)
-    start_epoch, skip, step = resume_point(state)
     # Steps per epoch: the driver's estimate until an epoch has ended (then the real figure,
     # kept in the checkpoint); the LR plan re-plans from the current LR when it changes.
     # An estimate that proves too low while the first epoch runs is doubled (and the plan
@@ -237,7 +285,6 @@ def train_func(loop_config: dict[str, Any]) -> None:
     tokens_per_step = cfg.batch_size_per_worker * block * world * accum
     model.train()
     optimizer.zero_grad(set_to_none=True)
-    train_shard = ray.train.get_dataset_shard("train")
     first_step = True  # report the first step of every start (time to first/resumed step)
     cap = cfg.max_steps_per_epoch
     # SIGTERM -> checkpoint at a step boundary (training.preempt); the flag is read with the
@@ -251,10 +298,7 @@ def train_func(loop_config: dict[str, Any]) -> None:
         epoch_steps, epoch_start, epoch_wait = 0, time.perf_counter(), 0.0
         window_loss = torch.zeros((), device=device, dtype=torch.float64)
         window_steps, window_start, window_wait = 0, time.perf_counter(), 0.0
-        batches = iter(train_shard.iter_batches(
-            batch_size=cfg.batch_size_per_worker, drop_last=True, batch_format="numpy",
-            local_shuffle_buffer_size=cfg.batch_size_per_worker * SHUFFLE_BATCHES,
-            local_shuffle_seed=shuffle_seed(cfg.seed, epoch, rank)))
+        batches = first_batches if epoch == start_epoch else epoch_batches(epoch)
         for _ in range(done_in_epoch * accum):  # covered by the checkpoint we resumed from:
             if next(batches, None) is None:      # read on the host, never copied to the device
                 break

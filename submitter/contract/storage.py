@@ -161,17 +161,23 @@ def _refuse_ephemeral_text(path: str, fix: str) -> None:
                                      f"space that does not survive a restart; {fix}")
 
 
+def scheme_fix(scheme: str) -> str | None:
+    """What to write instead of a scheme the image cannot open (None: no specific advice):
+    an object-store scheme in the wrong case, or a name from SCHEME_FIXES."""
+    if scheme.lower() in OBJECT_STORE_SCHEMES and scheme != scheme.lower():
+        return (f"use the scheme in lower case, {scheme.lower()}://; the filesystems Ray Train "
+                "uses know no other spelling")
+    return SCHEME_FIXES.get(scheme.lower())
+
+
 def _unknown_scheme(path: str, scheme: str, mount: str | None) -> str:
     if scheme == "local":
         where = f" use {mount}/... or s3://bucket/runs" if mount else " use an absolute directory"
         return (f"--storage-path {path!r}: local:// is each node's own disk, so workers' checkpoints "
                 f"are scattered and deleted with the pods;{where}")
-    if scheme.lower() in OBJECT_STORE_SCHEMES and scheme != scheme.lower():
-        return (f"--storage-path {path!r}: use the scheme in lower case, "
-                f"{scheme.lower()}://; the filesystems Ray Train uses know no other spelling")
-    if scheme.lower() in SCHEME_FIXES:
-        return (f"--storage-path {path!r}: the image cannot open {scheme}://; "
-                f"{SCHEME_FIXES[scheme.lower()]}")
+    fix = scheme_fix(scheme)
+    if fix:
+        return f"--storage-path {path!r}: the image cannot open {scheme}://; {fix}"
     known = ", ".join(sorted(s + "://" for s in OBJECT_STORE_SCHEMES))
     return f"--storage-path {path!r}: unsupported scheme {scheme}://; use one of {known} or a path"
 
@@ -185,11 +191,8 @@ def check_pod_file(flag: str, path: str, mount: str) -> None:
     if scheme:
         if scheme in OBJECT_STORE_SCHEMES:
             return
-        what = SCHEME_FIXES.get(scheme.lower(), "use s3://, gs:// or abfss://")
-        if scheme == "file":
-            what = "write the absolute path itself, without file://"
-        if scheme.lower() in OBJECT_STORE_SCHEMES:
-            what = f"use the scheme in lower case, {scheme.lower()}://"
+        what = ("write the absolute path itself, without file://" if scheme == "file"
+                else scheme_fix(scheme) or "use s3://, gs:// or abfss://")
         raise StoragePolicyError(f"{flag} {path!r}: the image cannot open {scheme}://; {what}")
     if path.startswith("~"):
         raise StoragePolicyError(f"{flag} {path!r} is a path in your home directory, which the "
