@@ -10,6 +10,8 @@ content-hash hold-out of the blocks. `--limit-rows` keeps the first N rows (smok
 Start-up never waits for a pass over the data:
 - A Hub table is cut into `hub_block_count` slices before `from_arrow` (one block would be one
   tokenizing task on one core, for every epoch).
+- One big text file is read in line-aligned byte ranges of TEXT_RANGE_BYTES (`read_text`):
+  Ray Data's reader makes a file one block, read whole before the first row comes out.
 - The steps per epoch, which the learning-rate plan needs, are ESTIMATED from the data's size
   (`estimate_blocks`: text bytes from file sizes, Parquet metadata or the Arrow table, times
   tokens per byte measured on a sample), never counted with `Dataset.count()` (which runs the
@@ -44,6 +46,11 @@ DEFAULT_BPE_TOKENS_PER_BYTE = 0.25
 HUB_BLOCK_BYTES = 16 * 1024 * 1024
 #: Text read to measure tokens per byte.
 SAMPLE_BYTES = 256 * 1024
+#: A single text file bigger than this is read (and tokenized) in ranges of this size, in
+#: parallel (training.data.read_text).
+TEXT_RANGE_BYTES = 2 * 1024 * 1024
+#: Suffixes of files read_text decompresses (their byte offsets are not the text's).
+_COMPRESSED = (".gz", ".bz2", ".zst", ".lz4", ".snappy", ".br", ".xz", ".zstd")
 
 
 @dataclass(frozen=True)
@@ -113,11 +120,89 @@ def _files_corpus(data: str, data_format: str, text_column: str) -> Corpus:
     elif fmt == "jsonl":
         ds = ray.data.read_json(data, lines=True)
     else:
-        ds = ray.data.read_text(data, drop_empty_lines=False)
+        ds = read_text(data)
     if fmt != "text" and text_column != "text":
         ds = ds.rename_columns({text_column: "text"})
     nbytes, sample = _files_size_and_sample(data, fmt, text_column)
     return Corpus(ds.select_columns(["text"]), None, f"data: {data} ({fmt})", nbytes, sample)
+
+
+def read_text(data: str) -> Any:
+    """Rows {"text": line} of a text file or directory, exactly as `ray.data.read_text` gives
+    them (`str.splitlines`). One big file is read in line-aligned byte ranges, one task each:
+    read_text makes a file one block, so the first batch would wait for the whole file to be
+    read and one core would tokenize all of it."""
+    import ray.data
+
+    ranges = _single_file_ranges(data)
+    if ranges is None:
+        return ray.data.read_text(data, drop_empty_lines=False)
+    items = [{"path": data, "start": start, "end": end} for start, end in ranges]
+    return ray.data.from_items(items, override_num_blocks=len(items)).map_batches(
+        read_line_ranges, batch_size=1, batch_format="numpy")
+
+
+def _filesystem(data: str) -> tuple[Any, str]:
+    import pyarrow.fs as pafs
+
+    if "://" in data:
+        return pafs.FileSystem.from_uri(data)
+    return pafs.LocalFileSystem(), os.path.abspath(data)
+
+
+def _single_file_ranges(data: str) -> Optional[list[tuple[int, int]]]:
+    """Line-aligned ranges of `data` when it is one uncompressed file bigger than a range
+    (None: let read_text handle it, errors included)."""
+    if data.lower().endswith(_COMPRESSED):
+        return None
+    try:
+        import pyarrow.fs as pafs
+
+        fs, path = _filesystem(data)
+        info = fs.get_file_info(path)
+        if info.type != pafs.FileType.File or (info.size or 0) <= TEXT_RANGE_BYTES:
+            return None
+        with fs.open_input_file(path) as f:
+            return line_ranges(f, info.size, TEXT_RANGE_BYTES)
+    except Exception:  # noqa: BLE001 - read_text reports what is wrong with the path
+        return None
+
+
+def line_ranges(f: Any, size: int, chunk: int) -> list[tuple[int, int]]:
+    """[start, end) byte ranges of a file, about `chunk` bytes each, that cover it and begin
+    where a line begins (right after a newline byte, or at 0). `f` is seekable."""
+    starts = [0]
+    for nominal in range(chunk, size, chunk):
+        if nominal <= starts[-1]:
+            continue  # a line longer than a chunk already took us past it
+        f.seek(nominal - 1)
+        pos = nominal - 1
+        while True:
+            piece = f.read(64 * 1024)
+            newline = piece.find(b"\n")
+            if newline >= 0:
+                pos += newline + 1
+                break
+            if not piece:
+                pos = size
+                break
+            pos += len(piece)
+        if starts[-1] < pos < size:
+            starts.append(pos)
+    return list(zip(starts, starts[1:] + [size]))
+
+
+def read_line_ranges(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Ray Data map_batches function: {"path", "start", "end"} -> {"text": lines}. Each range
+    ends with a line break (or the file), so its `splitlines()` are exactly its share of the
+    whole file's."""
+    lines: list[str] = []
+    for path, start, end in zip(batch["path"], batch["start"], batch["end"]):
+        fs, local = _filesystem(str(path))
+        with fs.open_input_file(local) as f:
+            f.seek(int(start))
+            lines.extend(f.read(int(end) - int(start)).decode("utf-8").splitlines())
+    return {"text": np.array(lines, dtype=object)}
 
 
 def _files_size_and_sample(data: str, fmt: str, text_column: str) -> tuple[Optional[int], tuple[str, ...]]:

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from training.data import _guess_format, chunk_batch, load_corpus, stdlib_files, token_datasets
 from training.tokens import TokenizerSpec, byte_encoding, tokenize_and_chunk
@@ -160,5 +162,56 @@ def test_a_hub_dataset_is_tokenized_by_every_core_and_limited(tmp_path):
         small = limited(corpus, 10)
         assert small.train.count() == 10 and small.text_bytes < corpus.text_bytes
         assert hub_corpus(dd, "body", "x", limit_rows=7).train.count() == 7
+    finally:
+        ray.shutdown()
+
+
+# --- one big text file: line-aligned ranges, the same rows as read_text --------------------------
+
+LINE_TEXTS = st.lists(st.text(alphabet=st.sampled_from(list("ab é€\r\n\x85\u2028\t")), max_size=12),
+                      max_size=12)
+
+
+@settings(max_examples=300, deadline=None)
+@given(pieces=LINE_TEXTS, chunk=st.integers(min_value=1, max_value=9))
+def test_line_ranges_cover_the_file_and_give_its_splitlines(pieces, chunk):
+    """Whatever the line breaks (\\r\\n, \\r, U+0085, U+2028, none at the end) and however long
+    the lines are against the range size, the ranges' lines are the file's splitlines()."""
+    import io
+
+    from training.data import line_ranges, read_line_ranges
+
+    data = "\n".join(pieces).encode()
+    ranges = line_ranges(io.BytesIO(data), len(data), chunk)
+    assert ranges[0][0] == 0 and ranges[-1][1] == len(data)
+    assert all(a[1] == b[0] and a[0] < a[1] for a, b in zip(ranges, ranges[1:]))
+    assert all(data[start - 1:start] == b"\n" for start, _ in ranges[1:])
+    got = [line for start, end in ranges
+           for line in data[start:end].decode().splitlines()]
+    assert got == data.decode().splitlines()
+
+
+def test_a_big_text_file_is_read_in_ranges_with_read_texts_rows(tmp_path, monkeypatch):
+    import ray
+
+    import training.data as data
+
+    lines = [f"line {i} " + "é" * (i % 7) + ("\r" if i % 5 == 0 else "") for i in range(3000)]
+    path = tmp_path / "big.txt"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8", newline="")
+    monkeypatch.setattr(data, "TEXT_RANGE_BYTES", 4096)
+    assert data._single_file_ranges(str(tmp_path)) is None          # a directory: read_text
+    (tmp_path / "small.txt").write_text("a\nb\n")
+    assert data._single_file_ranges(str(tmp_path / "small.txt")) is None  # one range: read_text
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        from ray.data import DataContext
+
+        DataContext.get_current().execution_options.preserve_order = True
+        ranged = data.read_text(str(path))
+        assert len(data._single_file_ranges(str(path))) > 10
+        expected = [r["text"] for r in ray.data.read_text(str(path)).take_all()]
+        assert [r["text"] for r in ranged.take_all()] == expected == \
+            path.read_bytes().decode("utf-8").splitlines()
     finally:
         ray.shutdown()
