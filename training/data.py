@@ -47,8 +47,10 @@ HUB_BLOCK_BYTES = 16 * 1024 * 1024
 #: Text read to measure tokens per byte.
 SAMPLE_BYTES = 256 * 1024
 #: A single text file bigger than this is read (and tokenized) in ranges of this size, in
-#: parallel (training.data.read_text).
+#: parallel (training.data.read_text); in an object store, ranges are bigger: finding each
+#: range's first line is one request made before training starts.
 TEXT_RANGE_BYTES = 2 * 1024 * 1024
+OBJECT_STORE_TEXT_RANGE_BYTES = 32 * 1024 * 1024
 #: Suffixes of files read_text decompresses (their byte offsets are not the text's).
 _COMPRESSED = (".gz", ".bz2", ".zst", ".lz4", ".snappy", ".br", ".xz", ".zstd")
 
@@ -159,11 +161,12 @@ def _single_file_ranges(data: str) -> Optional[list[tuple[int, int]]]:
         import pyarrow.fs as pafs
 
         fs, path = _filesystem(data)
+        chunk = OBJECT_STORE_TEXT_RANGE_BYTES if "://" in data else TEXT_RANGE_BYTES
         info = fs.get_file_info(path)
-        if info.type != pafs.FileType.File or (info.size or 0) <= TEXT_RANGE_BYTES:
+        if info.type != pafs.FileType.File or (info.size or 0) <= chunk:
             return None
         with fs.open_input_file(path) as f:
-            return line_ranges(f, info.size, TEXT_RANGE_BYTES)
+            return line_ranges(f, info.size, chunk)
     except Exception:  # noqa: BLE001 - read_text reports what is wrong with the path
         return None
 

@@ -159,3 +159,22 @@ def test_submit_local_trains_into_a_bucket(s3_server, storage):
     assert any(k.endswith("s3local/run.json") for k in keys), keys
     assert any(k.endswith("s3local/model/model.safetensors") for k in keys), keys
     assert printed[-1]["export_dir"] == "s3://bkt/runs/s3local/model" and printed[-1]["sample"]
+
+
+def test_a_big_text_file_in_a_bucket_is_read_in_line_aligned_ranges(s3_server, monkeypatch):
+    """--data s3://...: the ranges are found with ranged reads of the object, and their lines
+    are the object's lines (the Ray tasks call read_line_ranges the same way)."""
+    import numpy as np
+
+    import training.data as data
+
+    s3_server.make_bucket("bkt")
+    text = "".join(f"row {i} {'é' * (i % 5)}\n" for i in range(2000)).encode()
+    with s3_server.filesystem().open_output_stream("bkt/corpus/big.txt") as f:
+        f.write(text)
+    monkeypatch.setattr(data, "OBJECT_STORE_TEXT_RANGE_BYTES", 1000)
+    ranges = data._single_file_ranges("s3://bkt/corpus/big.txt")
+    assert ranges is not None and len(ranges) > 10 and ranges[-1][1] == len(text)
+    batch = {"path": np.array(["s3://bkt/corpus/big.txt"] * len(ranges), dtype=object),
+             "start": np.array([a for a, _ in ranges]), "end": np.array([b for _, b in ranges])}
+    assert list(data.read_line_ranges(batch)["text"]) == text.decode().splitlines()
