@@ -4,6 +4,7 @@ Reports, from one run:
   (1) (command -> first step of `python -m training`, 1 worker, the small local corpus)
       / (the same first step in one process without Ray: import, read, tokenize, build, step);
       target <= 2.5;
+  and, for scale, Ray Train's own floor: command -> the first line of an EMPTY train function;
   (2) (command -> first step on the LARGE corpus) / (on the SMALL one), for a local text file
       and for a Hub-style dataset (a local directory of Parquet files loaded through
       `datasets.load_dataset`, the `--dataset` path): start-up must not grow with the corpus;
@@ -129,6 +130,35 @@ def plain_first_step(text: Path) -> float:
     return float(out.stdout.strip().splitlines()[-1])
 
 
+RAY_FLOOR = r"""
+import sys, time
+t0, out = float(sys.argv[1]), sys.argv[2]
+import ray, ray.train
+from ray.train.torch import TorchTrainer
+
+def first_line(config):
+    import time
+    with open(config["out"], "w") as f:
+        f.write(repr(time.time() - config["t0"]))
+
+ray.init(address="local", num_cpus=3, include_dashboard=False, log_to_driver=False)
+TorchTrainer(first_line, train_loop_config={"t0": t0, "out": out},
+             scaling_config=ray.train.ScalingConfig(num_workers=1),
+             run_config=ray.train.RunConfig(storage_path=sys.argv[3], name="ray-floor")).fit()
+"""
+
+
+def ray_floor(storage: Path) -> float:
+    """Seconds from starting a process to the first line of an EMPTY Ray Train function (1
+    CPU worker, embedded Ray, no data, no model): what no entrypoint on Ray Train can beat."""
+    out = storage / "ray-floor.txt"
+    out.unlink(missing_ok=True)
+    subprocess.run([sys.executable, "-c", RAY_FLOOR, repr(time.time()), str(out), str(storage)],
+                   capture_output=True, timeout=TIMEOUT, check=True)
+    shutil.rmtree(storage / "ray-floor", ignore_errors=True)
+    return float(out.read_text())
+
+
 def median_of(repeats: int, fn, *args) -> float:
     return statistics.median(fn(*args) for _ in range(repeats))
 
@@ -152,6 +182,7 @@ def main() -> None:
           f"corpora {a.small_mb:g} MB and {a.large_mb:g} MB, median of {a.repeats}")
 
     plain = median_of(a.repeats, plain_first_step, small)
+    floor = median_of(a.repeats, ray_floor, storage)
     file_small = median_of(a.repeats, entrypoint_first_step, storage, "su-fs", ["--data", str(small)])
     started = statistics.median(STARTED)
     file_large = median_of(a.repeats, entrypoint_first_step, storage, "su-fl", ["--data", str(large)])
@@ -165,6 +196,8 @@ def main() -> None:
     print(f"  of which command -> run_started (Ray up, tokenizer, data planned): {started:.1f} s; "
           f"run_started -> first step (Ray Train's controller and workers, model, first "
           f"batch): {file_small - started:.1f} s")
+    print(f"Ray Train's floor, command -> first line of an empty train function: {floor:.1f} s "
+          f"= {floor / plain:.2f} x plain; the entrypoint adds {file_small - floor:.1f} s to it")
     print(f"(1) command -> first step / plain = {file_small / plain:.2f}   (target <= 2.5)")
     print(f"(2) {a.large_mb:g} MB / {a.small_mb:g} MB: file {file_large / file_small:.2f}, "
           f"hub {hub_l / hub_s:.2f}   (target <= 1.2)")

@@ -5,6 +5,8 @@ Same tiny model, batch and data everywhere:
   (b) `python -m training` with 1 worker,   (c) with 2 workers,
   (d) for reference, plain PyTorch DDP (gloo) with 2 processes and no Ray: the ceiling (c) can
       reach on this machine;
+  (e) the same plain DDP loop run by Ray Train (2 workers, no Ray Data, no events): Ray Train's
+      own floor, which (c) cannot beat;
 then prints b/a (target >= 0.97), c/b (target >= 1.5), c/d, the time from command to first
 step, and the time from SIGKILL of one worker to the first resumed step (target <= 30 s).
 
@@ -23,6 +25,7 @@ from __future__ import annotations
 from submitter.contract import naming
 
 import argparse
+import json
 import os
 import shutil
 import signal
@@ -66,10 +69,11 @@ def _blocks(data_args: list[str]):
 
 
 def _plain_train(rank: int, world: int, steps: int, data_args: list[str], port: int,
-                 results=None) -> tuple[list[float], float]:
+                 results=None, wrap=None) -> tuple[list[float], float]:
     """The training step of training/loop.py without Ray: tokens/s of each 10-step window
     (all ranks' tokens) and this process's CPU seconds per step after the warm-up. With
-    world > 1: DDP over gloo, as Ray Train sets it up on CPU."""
+    world > 1: DDP over gloo, as Ray Train sets it up on CPU; with `wrap`, the process group
+    exists already and `wrap` makes the DDP model (inside Ray Train: (e))."""
     import torch
 
     from training.model import build_model, build_optimizer, build_scheduler, gpt2_config
@@ -78,7 +82,9 @@ def _plain_train(rank: int, world: int, steps: int, data_args: list[str], port: 
     enc, blocks = _blocks(data_args)
     torch.manual_seed(0)
     model = build_model(gpt2_config("tiny", enc.n_vocab, enc.eot_token, BLOCK))
-    if world > 1:
+    if wrap is not None:
+        model = wrap(model)
+    elif world > 1:
         import torch.distributed as dist
 
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
@@ -105,7 +111,7 @@ def _plain_train(rank: int, world: int, steps: int, data_args: list[str], port: 
         sched.step()
         loss.item()
     rates = [BATCH * BLOCK * world * WINDOW / (b - a) for a, b in zip(marks, marks[1:])]
-    if world > 1:
+    if world > 1 and wrap is None:
         torch.distributed.destroy_process_group()
     if results is not None:
         results[rank] = rates
@@ -128,6 +134,42 @@ def plain_ddp(steps: int, data_args: list[str], world: int = 2) -> dict:
     results = mp.Manager().dict()
     mp.spawn(_plain_train, args=(world, steps, data_args, port, results), nprocs=world)
     return summary(results[0])
+
+
+def _in_ray_train(config: dict) -> None:
+    """(e)'s train function: the plain loop inside Ray Train's worker group; rank 0 writes
+    its window rates to config["out"]."""
+    import ray.train
+    import ray.train.torch
+
+    ctx = ray.train.get_context()
+    rates, _ = _plain_train(ctx.get_world_rank(), ctx.get_world_size(), config["steps"],
+                            config["data_args"], 0, wrap=ray.train.torch.prepare_model)
+    if ctx.get_world_rank() == 0:
+        Path(config["out"]).write_text(json.dumps(rates))
+
+
+def ray_plain_ddp(steps: int, data_args: list[str], storage: Path, world: int = 2) -> dict:
+    """(e) the plain DDP loop run by Ray Train (embedded Ray, `world` CPU workers) with no Ray
+    Data, no events and none of training/: Ray Train's own floor on this machine."""
+    import ray
+    import ray.train
+    from ray.train.torch import TorchTrainer
+
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT),
+                                                             os.environ.get("PYTHONPATH")]))
+    out = storage / "bench-ray-plain.json"
+    ray.init(address="local", num_cpus=world + 1, include_dashboard=False, log_to_driver=False)
+    try:
+        TorchTrainer(_in_ray_train,
+                     train_loop_config={"steps": steps, "data_args": data_args, "out": str(out)},
+                     scaling_config=ray.train.ScalingConfig(num_workers=world),
+                     run_config=ray.train.RunConfig(storage_path=str(storage),
+                                                    name="bench-ray-plain")).fit()
+        return summary(json.loads(out.read_text()))
+    finally:
+        ray.shutdown()
+        shutil.rmtree(storage / "bench-ray-plain", ignore_errors=True)
 
 
 def entrypoint(storage: Path, name: str, workers: int, steps: int, data_args: list[str],
@@ -230,7 +272,7 @@ def first_steps(runs: list[dict]) -> str:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=200, help="steps per measurement (default 200)")
-    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds of (a)-(d)")
+    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds of (a)-(e)")
     p.add_argument("--storage", default=str(Path.home() / ".cache" / "submitter-bench"))
     args = p.parse_args()
     if args.steps < WARM + 3 * WINDOW or args.rounds < 1:
@@ -241,7 +283,7 @@ def main() -> None:
     data_args = ["--data", str(WIKI)] if WIKI.exists() else ["--dataset", "python-stdlib"]
     print(f"cpus: {os.cpu_count()}, data: {data_args[-1]}, tiny GPT-2, block {BLOCK}, "
           f"batch {BATCH}/worker, {args.steps} steps, {args.rounds} round(s)", flush=True)
-    a, b, c, d = [], [], [], []
+    a, b, c, d, e = [], [], [], [], []
     for r in range(args.rounds):
         before = plain_loop(args.steps, data_args)
         b.append(entrypoint(storage, "bench-1w", 1, args.steps, data_args))
@@ -249,19 +291,24 @@ def main() -> None:
         a.append({k: (before[k] + after[k]) / 2 for k in ("median", "mean", "cpu_per_step")})
         c.append(entrypoint(storage, "bench-2w", 2, args.steps, data_args))
         d.append(plain_ddp(args.steps, data_args))
+        e.append(ray_plain_ddp(args.steps, data_args, storage))
         print(f"round {r + 1}: a {a[-1]['median']:,.0f}  b {b[-1]['median']:,.0f}  "
-              f"c {c[-1]['median']:,.0f}  d {d[-1]['median']:,.0f} tokens/s", flush=True)
+              f"c {c[-1]['median']:,.0f}  d {d[-1]['median']:,.0f}  e {e[-1]['median']:,.0f} "
+              "tokens/s", flush=True)
     print(line("(a) plain PyTorch loop, 1 thread:", a))
     print(line("(b) entrypoint, 1 worker:", b, first_steps(b)))
     print(line("(c) entrypoint, 2 workers:", c, first_steps(c)))
     print(line("(d) plain PyTorch DDP, 2 procs:", d))
+    print(line("(e) plain DDP loop in Ray Train:", e))
     cpu = ", ".join(f"{x['cpu_per_step'] * 1e3:.1f}/{y['cpu_per_step'] * 1e3:.1f}" for x, y in zip(b, a))
     print(f"CPU per step, (b)/(a): {cpu} ms: what Ray Train adds to a step, whatever the VM's speed")
     cpu_ratio, cpu_rounds = ratio(a, b, "cpu_per_step")
     print(f"b/a by CPU per step = {cpu_ratio:.3f}   (rounds {', '.join(f'{x:.3f}' for x in cpu_rounds)})")
     for name, num, den, target in (("b/a", b, a, ">= 0.97"), ("c/b", c, b, ">= 1.5"),
-                                   ("c/d", c, d, "Ray Train's cost over plain DDP"),
-                                   ("d/a", d, a, "what DDP itself scales to here")):
+                                   ("c/d", c, d, ">= 0.95: the entrypoint's cost over plain DDP"),
+                                   ("d/a", d, a, "what DDP itself scales to here"),
+                                   ("e/d", e, d, "Ray Train's own floor: its cost over DDP"),
+                                   ("c/e", c, e, "what Ray Data, events and the loop add")):
         med, per_round = ratio(num, den)
         mean_med, _ = ratio(num, den, "mean")
         print(f"{name} = {med:.3f}   ({target}; rounds {', '.join(f'{x:.3f}' for x in per_round)}; "
