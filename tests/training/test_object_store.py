@@ -18,7 +18,7 @@ import pytest
 from submitter.contract import events as ev
 from submitter.contract import naming
 from tests.conftest import ROOT
-from tests.training.test_ray import _args, _descendants, _pids_with_title
+from tests.training.test_ray import _args, _our_workers
 from training.object_store import ObjectStoreSink
 
 
@@ -70,12 +70,6 @@ def test_a_missing_events_object_is_an_empty_history(s3_server):
 def _bucket_events(s3_server, run: str) -> list[dict]:
     text = s3_server.read_text(f"bkt/runs/{run}/{naming.EVENTS_FILE}")
     return ev.parse_lines(text) if text else []
-
-
-def _our_workers() -> list[int]:
-    """This test's Ray Train workers (other Ray runs on the machine are none of its business)."""
-    ours = set(_descendants(os.getpid()))
-    return [pid for pid in _pids_with_title("ray::RayTrainWorker") if pid in ours]
 
 
 @pytest.mark.slow

@@ -96,6 +96,18 @@ def _our_workers() -> list[int]:
     return [p for p in _pids_with_title("ray::RayTrainWorker") if p in mine]
 
 
+def _signal_a_worker(sig: int, sent: list[int]) -> Callable[[], None]:
+    """A `_when` action: send `sig` to one of this run's two Ray Train workers (noted in
+    `sent`)."""
+    def send() -> None:
+        pids = _our_workers()
+        assert len(pids) == 2, pids
+        os.kill(pids[-1], sig)
+        sent.append(pids[-1])
+
+    return send
+
+
 def _descendants(pid: int) -> list[int]:
     out, todo = [], [pid]
     while todo:
@@ -200,13 +212,7 @@ def test_a_killed_worker_restarts_the_group_from_the_last_checkpoint(storage, fr
         return any(e["type"] == "progress" and e["step"] >= steps + 4 for e in events) and \
             _committed_checkpoint(storage, "ft")
 
-    def kill_one_worker() -> None:
-        pids = _our_workers()
-        assert len(pids) == 2, pids
-        os.kill(pids[-1], signal.SIGKILL)
-        killed.append(pids[-1])
-
-    watcher = _when(storage, "ft", mid_epoch_two, kill_one_worker)
+    watcher = _when(storage, "ft", mid_epoch_two, _signal_a_worker(signal.SIGKILL, killed))
     outcome = _run(_args(storage, "ft", "--replicas", "2", "--epochs", "3",
                          "--max-steps-per-epoch", str(steps), "--max-failures", "2",
                          "--progress-every", "1"))
@@ -295,13 +301,7 @@ def test_sigterm_to_a_worker_checkpoints_and_the_retry_redoes_at_most_one_step(s
     def mid_epoch_one(events: list[dict]) -> bool:
         return any(e["type"] == "progress" and e["step"] >= 12 for e in events)
 
-    def sigterm_one_worker() -> None:
-        pids = _our_workers()
-        assert len(pids) == 2, pids
-        os.kill(pids[-1], signal.SIGTERM)
-        signalled.append(pids[-1])
-
-    watcher = _when(storage, "pre", mid_epoch_one, sigterm_one_worker)
+    watcher = _when(storage, "pre", mid_epoch_one, _signal_a_worker(signal.SIGTERM, signalled))
     outcome = _run(_args(storage, "pre", "--replicas", "2", "--epochs", "2",
                          "--max-steps-per-epoch", str(steps), "--max-failures", "2",
                          "--progress-every", "1"))
