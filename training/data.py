@@ -145,11 +145,10 @@ def read_text(data: str) -> Any:
 
 
 def _filesystem(data: str) -> tuple[Any, str]:
+    """pyarrow's filesystem for a URI or a local path, and the path within it."""
     import pyarrow.fs as pafs
 
-    if "://" in data:
-        return pafs.FileSystem.from_uri(data)
-    return pafs.LocalFileSystem(), os.path.abspath(data)
+    return pafs.FileSystem.from_uri(data if "://" in data else os.path.abspath(data))
 
 
 def _single_file_ranges(data: str) -> Optional[list[tuple[int, int]]]:
@@ -215,7 +214,7 @@ def _files_size_and_sample(data: str, fmt: str, text_column: str) -> tuple[Optio
     try:
         import pyarrow.fs as pafs
 
-        fs, path = pafs.FileSystem.from_uri(data if "://" in data else os.path.abspath(data))
+        fs, path = _filesystem(data)
         info = fs.get_file_info(path)
         if info.type == pafs.FileType.Directory:
             infos = [i for i in fs.get_file_info(pafs.FileSelector(path, recursive=True))
