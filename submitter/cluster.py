@@ -9,12 +9,13 @@ functions at the bottom, which the tests exercise directly too.
 from __future__ import annotations
 
 import json
+import re
 import sys
 from dataclasses import dataclass, field
 from typing import Any, Iterator, TextIO
 
 from submitter.contract.errors import ClusterError, Conflict, CrdMissing, Forbidden, NotFound, Preflight
-from submitter.kube import KUBERAY_INSTALL, Kube
+from submitter.kube import KUBERAY_AUTH_VERSION, KUBERAY_INSTALL, Kube
 from submitter.observe import explain
 from submitter.ownership import not_ours, owned_objects
 from submitter.plan import Plan, to_yaml
@@ -127,6 +128,7 @@ def preflight(kube: Kube, spec: JobSpec, objects: list[dict] | None = None) -> d
     resources = kube.api_resources("ray.io/v1")
     if resources is None or "rayjobs" not in resources:
         raise CrdMissing(f"the RayJob CRD (rayjobs.ray.io) is not installed on {kube.host}; {KUBERAY_INSTALL}")
+    check_crd(kube, spec)
     try:
         if kube.find("Namespace", None, spec.namespace) is None:
             raise Preflight(f"namespace {spec.namespace} does not exist; create it (kubectl create "
@@ -161,6 +163,41 @@ def preflight(kube: Kube, spec: JobSpec, objects: list[dict] | None = None) -> d
     return live
 
 
+def check_crd(kube: Kube, spec: JobSpec) -> None:
+    """Token auth asked for (--ray-auth token, the default) on a KubeRay whose RayJob CRD has
+    no `rayClusterSpec.authOptions` (before 1.5.1): refuse before the first write. Without this
+    the API server would prune the unknown field and the dashboard would listen on 0.0.0.0
+    without a token. Who may not read CRDs (they are cluster-scoped) still gets a refusal:
+    every write asks for `fieldValidation=Strict`, and the server dry run fails on the field."""
+    if spec.ray_auth != "token":
+        return
+    try:
+        crd = kube.find("CustomResourceDefinition", None, "rayjobs.ray.io")
+    except Forbidden:
+        return
+    if crd is None or crd_has_auth_options(crd):
+        return
+    raise Preflight(f"the RayJob CRD installed on {kube.host} has no rayClusterSpec.authOptions: Ray "
+                    f"token authentication needs KubeRay >= {KUBERAY_AUTH_VERSION}, and an older operator "
+                    "would leave the dashboard open without a token. Upgrade the KubeRay operator and "
+                    "its CRDs (helm upgrade leaves CRDs as they were: kubectl apply --server-side the "
+                    "new ones), or pass --ray-auth disabled to run without token auth; nothing was written")
+
+
+def crd_has_auth_options(crd: dict) -> bool:
+    """Does the RayJob CRD's served v1 schema know `spec.rayClusterSpec.authOptions`? (pure)"""
+    for version in (crd.get("spec") or {}).get("versions") or []:
+        if version.get("name") != "v1":
+            continue
+        node = ((version.get("schema") or {}).get("openAPIV3Schema") or {})
+        for key in ("spec", "rayClusterSpec"):
+            node = (node.get("properties") or {}).get(key) or {}
+        if node.get("x-kubernetes-preserve-unknown-fields"):
+            return True
+        return "authOptions" in (node.get("properties") or {})
+    return False
+
+
 def refuse_foreign(foreign: list[tuple[str, str, dict]], spec: JobSpec) -> None:
     """One line: which objects are someone else's, and the two ways out."""
     refs = [ref for ref, _, _ in foreign]
@@ -179,7 +216,9 @@ def refuse_foreign(foreign: list[tuple[str, str, dict]], spec: JobSpec) -> None:
 
 def refuse_drift(wanted: dict, live: dict, namespace: str) -> None:
     """A RayJob that exists with another spec is never changed under a running job."""
-    diffs = list(differences(wanted.get("spec") or {}, live.get("spec") or {}, "spec"))
+    queued = KUEUE_QUEUE_LABEL in ((live.get("metadata") or {}).get("labels") or {})
+    diffs = [d for d in differences(wanted.get("spec") or {}, live.get("spec") or {}, "spec")
+             if not owned_by_others(d.split(":", 1)[0], queued=queued)]
     if not diffs:
         return
     name = live["metadata"]["name"]
@@ -196,11 +235,35 @@ def refuse_drift(wanted: dict, live: dict, namespace: str) -> None:
                    f"first (checkpoints are kept), or {way_out}")
 
 
+#: Kueue's label naming the LocalQueue (render.KUEUE_QUEUE_LABEL).
+KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+#: Lists others may append to: Kueue adds a ResourceFlavor's tolerations to the pod templates
+#: of an admitted job (as it merges its nodeSelector keys, which containment already allows).
+_APPENDED_LISTS = ("tolerations",)
+_SUSPEND = re.compile(r"spec\.suspend")
+_GROUP_REPLICAS = re.compile(r"spec\.rayClusterSpec\.workerGroupSpecs\[\d+\]\.replicas")
+
+
+def owned_by_others(path: str, *, queued: bool) -> bool:
+    """A RayJob field that Kueue or submitter's own lifecycle sets, not the job's spec: a
+    re-submit of the same flags must say "unchanged" whatever they did to it. `spec.suspend`
+    (Kueue admits by unsuspending, `submitter stop` suspends); under a queue, a worker group's
+    `replicas` (Kueue's partial admission and workload slices set it; min and max still count)."""
+    if _SUSPEND.fullmatch(path):
+        return True
+    return queued and bool(_GROUP_REPLICAS.fullmatch(path))
+
+
 def differences(wanted: Any, live: Any, path: str) -> Iterator[str]:
-    """Paths where `wanted` is not contained in `live` (fields the server added are fine)."""
+    """Paths where `wanted` is not contained in `live` (fields the server added are fine, and
+    items others appended to a pod template's tolerations)."""
     if isinstance(wanted, dict) and isinstance(live, dict):
         for key, value in wanted.items():
             yield from differences(value, live.get(key), f"{path}.{key}")
+    elif isinstance(wanted, list) and isinstance(live, list) and path.rsplit(".", 1)[-1] in _APPENDED_LISTS:
+        for i, item in enumerate(wanted):
+            if item not in live:
+                yield f"{path}[{i}]: absent -> {_short(item)}"
     elif isinstance(wanted, list) and isinstance(live, list) and len(wanted) == len(live):
         for i, (w, v) in enumerate(zip(wanted, live)):
             yield from differences(w, v, f"{path}[{i}]")
@@ -232,7 +295,7 @@ def install(kube: Kube, objects: list[dict], live: dict[str, dict | None], *,
                 raise type(e)(f"{e} (server dry run; nothing was written)") from e
             result, what = obj, "created"  # its Role is not there yet, see below
         except ClusterError as e:
-            raise type(e)(f"{e} (server dry run; nothing was written)") from e
+            raise type(e)(f"{e}{kueue_hint(str(e))} (server dry run; nothing was written)") from e
         dry.done.append((_ref(obj), what))
         dry.pending.remove(_ref(obj))
         dry_results.append(result)
@@ -252,6 +315,15 @@ def install(kube: Kube, objects: list[dict], live: dict[str, dict | None], *,
         report.pending.remove(ref)
         applied.append(result)
     return report, applied
+
+
+def kueue_hint(message: str) -> str:
+    """What to do when Kueue's webhook refuses a queued elastic job (the feature gate is off)."""
+    if "workload slicing" not in message:
+        return ""
+    return ("; an elastic --replicas MIN:MAX under --queue needs Kueue >= 0.13 with the feature gate "
+            "ElasticJobsViaWorkloadSlices=true (the RayJob carries kueue.x-k8s.io/elastic-job: "
+            "\"true\"); or use a fixed --replicas N")
 
 
 def _binds_a_planned_role(obj: dict, objects: list[dict], live: dict[str, dict | None]) -> bool:

@@ -41,6 +41,8 @@ REQUEST_TIMEOUT = 30.0
 CONNECT_TIMEOUT = 10.0
 #: Watches end server-side after this long (the client then reconnects from its resourceVersion).
 WATCH_SECONDS = 300
+#: The first KubeRay whose RayJob CRD has `rayClusterSpec.authOptions` (Ray token auth).
+KUBERAY_AUTH_VERSION = "1.5.1"
 KUBERAY_INSTALL = ("install the KubeRay operator first: helm repo add kuberay "
                    "https://ray-project.github.io/kuberay-helm/ && helm install kuberay-operator "
                    "kuberay/kuberay-operator --version 1.7.0")
@@ -88,7 +90,15 @@ KINDS: dict[str, Kind] = {
     "Namespace": Kind("", "v1", "namespaces", namespaced=False),
     "RayCluster": Kind("ray.io", "v1", "rayclusters"),
     "Event": Kind("", "v1", "events"),
+    "CustomResourceDefinition": Kind("apiextensions.k8s.io", "v1", "customresourcedefinitions",
+                                     namespaced=False),
+    # Kueue's unit of admission; `stop`/`resume` of a queued job flip its `spec.active`
+    "Workload": Kind("kueue.x-k8s.io", "v1beta1", "workloads"),
 }
+#: Writes ask the API server to refuse fields it does not know (HTTP 400) instead of dropping
+#: them without a word: an older CRD (KubeRay < 1.5.1 has no `authOptions`) would otherwise
+#: turn token auth off silently. Supported since Kubernetes 1.25 (GA 1.27).
+FIELD_VALIDATION = "Strict"
 
 
 class Expired(ClusterError):
@@ -289,7 +299,8 @@ class Kube:
         k = KINDS[obj["kind"]]
         meta = obj["metadata"]
         return self.request("POST", k.path(meta.get("namespace")),
-                            query={"fieldManager": FIELD_MANAGER, "dryRun": "All" if dry_run else None},
+                            query={"fieldManager": FIELD_MANAGER, "fieldValidation": FIELD_VALIDATION,
+                                   "dryRun": "All" if dry_run else None},
                             body=obj, what=("create", k, meta.get("namespace"), meta.get("name")))
 
     def apply(self, obj: dict, *, dry_run: bool = False) -> tuple[dict, bool]:
@@ -300,7 +311,8 @@ class Kube:
         # An apply that creates answers 201; the response tells us which happened.
         response = self.request(
             "PATCH", k.path(meta.get("namespace"), meta["name"]),
-            query={"fieldManager": FIELD_MANAGER, "force": "true", "dryRun": "All" if dry_run else None},
+            query={"fieldManager": FIELD_MANAGER, "force": "true", "fieldValidation": FIELD_VALIDATION,
+                   "dryRun": "All" if dry_run else None},
             body=obj, content_type="application/apply-patch+yaml", stream=True,
             stream_timeout=max(1.0, self.remaining()), what=("patch", k, meta.get("namespace"), meta["name"]))
         try:
@@ -460,7 +472,12 @@ def translate(e: Any, what: tuple[str, Kind | None, str | None, str | None], hos
     if status == 410:
         return Expired(server or "resource version too old")
     if status in (400, 422):
-        return ClusterError(f"the API server rejected {target}{where}: {server}")
+        hint = ""
+        if "unknown field" in server:  # fieldValidation=Strict: the installed CRD is older
+            hint = ("; the installed CRD does not know that field: upgrade KubeRay and its CRDs "
+                    f"(>= {KUBERAY_AUTH_VERSION} for authOptions)" if kind and kind.group == "ray.io"
+                    else "; the API server does not know that field (an older version?)")
+        return ClusterError(f"the API server rejected {target}{where}: {server}{hint}")
     if status == 429 or status >= 500 or status == 0:
         return ApiUnavailable(f"the Kubernetes API at {host} kept failing ({status} {e.reason or ''}"
                               f"{': ' + server if server else ''}) after retries; try again later")

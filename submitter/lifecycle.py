@@ -23,6 +23,7 @@ from submitter.contract.spec import JobSpec
 from submitter.kube import Kube
 from submitter.ownership import (
     JOB_LABEL, STOPPED_ANNOTATION, claim_name, claim_names, not_ours, owned_objects, pod_claims, rayjob_document,
+    stopped_by_us,
 )
 from submitter.render import render
 from submitter.state import JobState, job_state
@@ -157,11 +158,48 @@ def saved_settings(kube: Kube, namespace: str, name: str) -> tuple[str, dict[str
 # --- stop / resume ----------------------------------------------------------------------------
 
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+#: The label Kueue puts on a job's Workload: the job's uid (Kueue's constants.JobUIDLabel).
+KUEUE_JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
+
+
+def job_workloads(kube: Kube, rayjob: dict) -> list[dict] | None:
+    """Kueue's Workloads of a RayJob (one, or two while a workload slice replaces another): by
+    Kueue's `kueue.x-k8s.io/job-uid` label, else by an ownerReference to the RayJob's uid.
+    None when Kueue's API is not served (no Kueue: `suspend` alone holds the job)."""
+    meta = rayjob["metadata"]
+    uid, namespace = meta.get("uid"), meta["namespace"]
+    try:
+        found = kube.list("Workload", namespace, labels={KUEUE_JOB_UID_LABEL: uid}).get("items") or [] \
+            if uid else []
+        if not found:
+            found = [w for w in kube.list("Workload", namespace).get("items") or []
+                     if any(ref.get("uid") == uid and ref.get("kind") == "RayJob"
+                            for ref in (w.get("metadata") or {}).get("ownerReferences") or [])]
+    except NotFound:
+        return None
+    return sorted(found, key=lambda w: w["metadata"]["name"])
+
+
+def set_workloads_active(kube: Kube, workloads: list[dict], active: bool) -> list[str]:
+    """`spec.active` on each Workload that is not so already; returns their names. Kueue's way
+    to stop a job: an inactive Workload is evicted (the job suspended, its quota released) and
+    never admitted again until it is active; a suspend alone is undone by Kueue while the
+    Workload is admitted."""
+    changed = []
+    for workload in workloads:
+        meta = workload["metadata"]
+        if (workload.get("spec") or {}).get("active", True) is active:
+            continue
+        kube.patch("Workload", meta["namespace"], meta["name"], {"spec": {"active": active}},
+                   uid=meta.get("uid"))
+        changed.append(meta["name"])
+    return changed
 
 
 def stop_job(kube: Kube, namespace: str, name: str, *, out: TextIO) -> int:
     """Suspend a job (KubeRay `spec.suspend: true`): the operator deletes the Ray cluster and
-    the submitter Job; the RayJob, PVC and progress stay. `resume` continues it."""
+    the submitter Job; the RayJob, PVC and progress stay. `resume` continues it. A queued job
+    (Kueue) is stopped through its Workload (`spec.active: false`) as well, before the suspend."""
     rayjob = existing_rayjob(kube, namespace, name)
     why = not_ours(rayjob, namespace, name)
     if why:
@@ -170,14 +208,21 @@ def stop_job(kube: Kube, namespace: str, name: str, *, out: TextIO) -> int:
     if state.terminal:
         out.write(f"{name} already ended ({state.state}); nothing to stop\n")
         return 0
-    if (rayjob.get("spec") or {}).get("suspend"):
+    queue = (rayjob["metadata"].get("labels") or {}).get(KUEUE_QUEUE_LABEL)
+    workloads = job_workloads(kube, rayjob) if queue else None
+    active = [w for w in workloads or [] if (w.get("spec") or {}).get("active", True)]
+    suspended = bool((rayjob.get("spec") or {}).get("suspend"))
+    if suspended and not active and (queue is None or stopped_by_us(rayjob)):
         out.write(f"{name} is already stopped ({state.state}); submitter resume {name} -n {namespace} "
                   "continues it\n")
         return 0
+    deactivated = set_workloads_active(kube, active, False)
     kube.patch("RayJob", namespace, name, {"spec": {"suspend": True},
                                            "metadata": {"annotations": {STOPPED_ANNOTATION: "true"}}},
                uid=rayjob["metadata"].get("uid"))
-    out.write(f"rayjob/{name} stopped (spec.suspend: true): KubeRay deletes its Ray cluster; the "
+    via = (f" and its Kueue Workload {', '.join(deactivated)} deactivated (spec.active: false; Kueue "
+           "releases its quota and does not admit it again)" if deactivated else "")
+    out.write(f"rayjob/{name} stopped (spec.suspend: true){via}: KubeRay deletes its Ray cluster; the "
               f"checkpoints and progress are kept. Continue with: submitter resume {name} -n {namespace}\n")
     return 0
 
@@ -268,6 +313,18 @@ def unsuspend(kube: Kube, rayjob: dict, state: JobState, *, out: TextIO) -> int:
         raise Conflict(f"{name} is SUSPENDED by Kueue (queue {queue}): it starts when Kueue admits it, "
                        "and resume does not override the queue. See why it waits: kubectl get "
                        f"workloads -n {namespace} (and the ClusterQueue's quota); nothing was changed")
+    workloads = job_workloads(kube, rayjob) if queue else None
+    if workloads is not None:
+        # Kueue admits the reactivated Workload and unsuspends the job itself; a suspend: false
+        # from us would only start it around the queue.
+        activated = set_workloads_active(kube, workloads, True)
+        kube.patch("RayJob", namespace, name, {"metadata": {"annotations": {STOPPED_ANNOTATION: None}}},
+                   uid=meta.get("uid"))
+        which = f" (Workload {', '.join(activated)} active again)" if activated else ""
+        out.write(f"rayjob/{name} resumed{which}: Kueue (queue {queue}) starts it when it admits it, "
+                  "and the run continues from its last checkpoint\n")
+        out.write(next_steps(name, namespace, claim_name(rayjob)))
+        return 0
     kube.patch("RayJob", namespace, name, {"spec": {"suspend": False},
                                            "metadata": {"annotations": {STOPPED_ANNOTATION: None}}},
                uid=meta.get("uid"))

@@ -23,6 +23,10 @@ from submitter.plan import Plan
 TEMPLATES = ("pvc", "serviceaccount", "role", "rolebinding", "configmap", "networkpolicy", "rayjob")
 #: Kueue's label naming the LocalQueue of a workload; a RayJob for Kueue starts suspended.
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+#: Kueue's opt-in to workload slicing (Kueue >= 0.13, feature gate ElasticJobsViaWorkloadSlices):
+#: without it Kueue's webhook refuses a queued RayJob with enableInTreeAutoscaling ("a kueue
+#: managed job should only use autoscaling when workload slicing is enabled").
+KUEUE_ELASTIC_ANNOTATION = "kueue.x-k8s.io/elastic-job"
 #: The RayJob's entrypoint: constant. The job's settings reach it as data (env `SUBMITTER_JOB`).
 ENTRYPOINT = "python -m training"
 
@@ -92,6 +96,11 @@ def context(spec: JobSpec) -> dict[str, Any]:
         "replicas": {"min": spec.min_replicas, "max": spec.max_replicas, "elastic": spec.elastic},
         "labels": labels,
         "annotations": {**spec.annotation, **naming.annotations(spec.namespace, spec.name)},
+        # a queued elastic group (--queue with --replicas MIN:MAX) is a Kueue elastic job
+        "rayjob_annotations": ({**spec.annotation, **naming.annotations(spec.namespace, spec.name),
+                                KUEUE_ELASTIC_ANNOTATION: "true"}
+                               if spec.queue is not None and spec.elastic else
+                               {**spec.annotation, **naming.annotations(spec.namespace, spec.name)}),
         "rayjob_labels": ({**labels, KUEUE_QUEUE_LABEL: spec.queue} if spec.queue is not None
                           else labels),
         "image": spec.resolved_image,

@@ -170,7 +170,8 @@ def test_resume_replaces_a_failed_rayjob_with_the_next_attempt(api, kubeconfig, 
         saved = after["metadata"]["annotations"]
         assert saved[naming.JOB_DOCUMENT_ANNOTATION] == job.document() and saved["submitter.dev/attempt"] == "2"
     dry = [(m, q) for m, p, q in api.emulator.log if m == "POST" and "rayjobs" in p]
-    assert dry[-2:] == [("POST", {"fieldManager": "submitter", "dryRun": "All"}), ("POST", {"fieldManager": "submitter"})]
+    strict = {"fieldManager": "submitter", "fieldValidation": "Strict"}
+    assert dry[-2:] == [("POST", {**strict, "dryRun": "All"}), ("POST", strict)]
     assert "resumed as attempt 2" in result.stdout
     FakeOperator(api.emulator, "gpt2-demo").stop()
     third = cli(runner, kubeconfig, "resume", "gpt2-demo")

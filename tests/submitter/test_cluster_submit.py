@@ -46,10 +46,11 @@ def test_submit_applies_every_object_and_prints_next_steps(api, kubeconfig, runn
     assert "rayjob/gpt2-demo created" in result.output
     assert "submitter watch gpt2-demo -n default" in result.output
     assert "submitter logs gpt2-demo -n default -f" in result.output
-    # created (POST, never a forced apply over someone else's), each after a dry run of all seven
+    # created (POST, never a forced apply over someone else's), each after a dry run of all seven;
+    # fieldValidation=Strict: an unknown field (an older CRD) is refused, never dropped silently
     sent = [(m, q) for m, p, q in writes(api)]
-    assert sent == [("POST", {"fieldManager": "submitter", "dryRun": "All"})] * 7 + \
-        [("POST", {"fieldManager": "submitter"})] * 7
+    strict = {"fieldManager": "submitter", "fieldValidation": "Strict"}
+    assert sent == [("POST", {**strict, "dryRun": "All"})] * 7 + [("POST", strict)] * 7
 
 
 def test_second_identical_submit_changes_nothing(api, kubeconfig, runner):
