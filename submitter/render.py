@@ -15,7 +15,8 @@ from typing import Any
 import yaml
 
 from submitter.contract import naming
-from submitter.contract.spec import RAY_VERSION, JobSpec, parse_secret_ref, parse_toleration
+from submitter.contract.spec import (RAY_VERSION, JobSpec, parse_secret_ref, parse_selector,
+                                     parse_toleration)
 from submitter.contract.storage import StorageDecision, check_job_storage, check_pod_file
 from submitter.plan import Plan
 
@@ -110,8 +111,10 @@ def context(spec: JobSpec) -> dict[str, Any]:
         "pods": {role: pod_settings(spec, service_account, role)
                  for role in ("head", "worker", "submitter")},
         "job_label": naming.JOB_LABEL,
-        # the KubeRay operator's pods, installed by its Helm chart or its kustomize manifests
-        "operator_labels": {"app.kubernetes.io/component": "kuberay-operator"},
+        # --dashboard-cidr: NetworkPolicy peers admitted to the dashboard port only
+        "ip_blocks": [{"ipBlock": {"cidr": cidr}} for cidr in spec.dashboard_cidr],
+        "operator_labels": parse_selector(spec.operator_selector),  # --operator-selector
+        "metrics_labels": parse_selector(spec.metrics_selector),  # --metrics-selector
         "env_from": [{"secretRef": {"name": s}} for s in spec.env_from_secret],
         "ray_version": RAY_VERSION,
         "create_pvc": on_pvc and spec.existing_pvc is None,

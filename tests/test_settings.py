@@ -46,10 +46,13 @@ SAMPLES = {
     "priority_class": "high", "queue": "team-a", "runtime_class": "nvidia",
     "service_account": "irsa-ml", "image_pull_secret": ["regcred", "other"],
     "ray_auth": "disabled", "network_policy": False, "termination_grace_period": 30,
+    "operator_selector": "app=kuberay,team=platform", "metrics_selector": "",
+    "dashboard_cidr": ["172.16.0.0/28"],
 }
 #: Settings a sample needs another one for (the one rule across fields).
 NEEDS = {"fsdp": {"gpu_per_pod": 1}, "storage_access_mode": {"storage_path": "s3://b/r"},
-         "gpu_type": {"gpu_per_pod": 1}}
+         "gpu_type": {"gpu_per_pod": 1},
+         "queue": {"replicas": "1:3"}}  # a queued elastic group: Kueue's elastic-job annotation
 
 
 def test_every_setting_has_a_sample():

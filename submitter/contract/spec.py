@@ -248,6 +248,46 @@ def _image(v: str) -> str | None:
     return None
 
 
+def parse_selector(text: str) -> dict[str, str]:
+    """A checked `KEY=VALUE,...` pod selector (kubectl -l's equality form) -> matchLabels."""
+    return dict(term.split("=", 1) for term in text.split(",")) if text else {}
+
+
+def _selector(*, empty: bool) -> Check:
+    pattern = f"{_LABEL_PREFIX}?{_LABEL_NAME}={_LABEL_NAME}"
+
+    @_schema({"maxLength": 4096, "pattern": f"^({pattern}(,{pattern})*)" + ("?$" if empty else "$")})
+    def check(v: str) -> str | None:
+        if not v:
+            return None if empty else ("an empty selector would admit every pod of the cluster: "
+                                       "give KEY=VALUE[,KEY=VALUE...]")
+        for term in v.split(","):
+            key, eq, value = term.partition("=")
+            if not eq:
+                return f"{_show(term)} is not KEY=VALUE: give KEY=VALUE[,KEY=VALUE...] (no spaces)"
+            problem = _label_key(key) or _label_value(value)
+            if problem:
+                return problem
+        return None
+    return check
+
+
+@_schema({"items": {"type": "string", "maxLength": 49,
+                    "pattern": "^[0-9A-Fa-f.:]+/[0-9]{1,3}$"}})
+def _cidrs(v: list) -> str | None:
+    """Address blocks (a NetworkPolicy ipBlock): 10.0.0.0/8, 2001:db8::/32; host bits zero."""
+    import ipaddress
+
+    for item in v:
+        if "/" not in item or not item.isascii():
+            return f"{_show(item)} is not an address block: give a CIDR such as 10.0.0.0/16"
+        try:
+            ipaddress.ip_network(item, strict=True)
+        except ValueError as e:
+            return f"{_show(item)} is not an address block ({e}): give a CIDR such as 10.0.0.0/16"
+    return None
+
+
 @_schema({"propertyNames": {"pattern": _ENV_NAME.pattern,
                             "not": {"pattern": "^" + RESERVED_ENV_PREFIX}},
           "additionalProperties": {"type": "string", "pattern": "^[^\\x00]*$"}})
@@ -536,6 +576,21 @@ class JobSpec:
     network_policy: bool = setting(True, group="scheduling",
                                    help="a NetworkPolicy that admits traffic to the job's pods "
                                         "only from its own pods and the KubeRay operator")
+    operator_selector: str = setting(
+        "app.kubernetes.io/component=kuberay-operator", group="scheduling", metavar="KEY=VALUE,...",
+        check=_selector(empty=False),
+        help="pod labels of the KubeRay operator, which the NetworkPolicy admits to the dashboard "
+             "port 8265 from any namespace")
+    metrics_selector: str = setting(
+        "app.kubernetes.io/name=prometheus", group="scheduling", metavar="KEY=VALUE,...",
+        check=_selector(empty=True),
+        help="pod labels of the metrics scraper (Prometheus), which the NetworkPolicy admits to "
+             "the Ray metrics port 8080 from any namespace; \"\" admits none")
+    dashboard_cidr: list[str] = setting(
+        [], group="scheduling", metavar="CIDR", check=_cidrs,
+        help="address block the NetworkPolicy admits to the dashboard port 8265 only: the API "
+             "server's for an operator run with --use-kubernetes-proxy (repeatable; 0.0.0.0/0: "
+             "any source, the Ray token still guards it)")
 
     # --- storage: checkpoints must outlive the job ------------------------------------------------
     storage_path: Optional[str] = setting(

@@ -124,6 +124,10 @@ PARITY = {
     "elastic": dict(name="elastic", replicas="2:4", gpu_per_pod=1, global_batch_size=96),
     "elastic-cpu": dict(name="elastic-cpu", replicas="1:3", global_batch_size=48),
     "min-equals-max": dict(name="same", replicas="3:3"),
+    "queued-elastic": dict(name="qe", replicas="1:3", queue="team-a"),
+    "network-policy-settings": dict(name="np", operator_selector="app=op,example.com/tier=ctl",
+                                    metrics_selector="", dashboard_cidr=["172.16.0.0/28", "0.0.0.0/0"]),
+    "metrics-selector": dict(name="np2", metrics_selector="app.kubernetes.io/name=vmagent,x=y"),
 }
 
 
@@ -440,6 +444,11 @@ PROBES: dict[str, list[Any]] = {
     "cpu_per_pod": ["4", "500m", "0.5", ".5", "1.5Gi", 4, "four", "4 ", "-1", "1e3", "", "0",
                     "0m", 0, "\u0664", "2", "1", "1001m", "2000m"],
     "precision": ["auto", "bf16", "fp16", "fp32", "fp8", ""],
+    "operator_selector": ["app=x", "a=b,c=d", "example.com/tier=ctl", "", "a", "a=b,", "a b=c", "a=",
+                          "=b", "a=b=c", "-a=b", "a=b,,c=d", "A_b.c=X-y"],
+    "metrics_selector": ["app.kubernetes.io/name=prometheus", "", "a=b,c=d", "a", "a=", ",a=b", "a=b c"],
+    "dashboard_cidr": [[], ["10.0.0.0/8"], ["172.16.0.0/28", "0.0.0.0/0"], ["::/0"], ["2001:db8::/32"],
+                       ["10.0.0.1/8"], ["x"], ["10.0.0.0/33"], ["300.0.0.0/8"], ["10.0.0.0"], [""]],
 }
 for _f in fields():  # every yes/no and whole-number field: both sides agree at the bounds
     _kind = field_types()[_f.name]

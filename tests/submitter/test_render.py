@@ -360,7 +360,8 @@ def test_network_policy_admits_only_the_jobs_pods_and_the_operator():
     selector = policy["podSelector"]["matchLabels"]
     for template in _pods(list(objs.values())).values():  # it selects every pod of the job
         assert selector.items() <= template["metadata"]["labels"].items()
-    own, operator = policy["ingress"]
+    own, operator, metrics = policy["ingress"]  # what each admits: tests/submitter/test_network_policy.py
+    assert metrics["ports"] == [{"protocol": "TCP", "port": 8080}]
     assert own == {"from": [{"podSelector": {"matchLabels": selector}}]}
     assert operator["ports"] == [{"protocol": "TCP", "port": 8265}]
     assert operator["from"][0]["podSelector"] == {"matchLabels": {"app.kubernetes.io/component": "kuberay-operator"}}
