@@ -43,13 +43,16 @@ def require_training_stack() -> None:
 def prepare_run(spec: JobSpec, environ: Any = os.environ) -> tuple[TrainConfig, str]:
     """The run of a job here: its storage checked where it runs (the policy, then the mounted
     filesystem in a pod). Returns the config and a line saying where checkpoints go."""
-    from training.mounts import check_storage_here
+    from submitter.contract.storage import OBJECT_STORE_SCHEMES, scheme_of
+    from training.mounts import check_storage_here, check_writable
 
     from training.run_identity import run_storage_path
 
     path, line = check_storage_here(spec.resolved_storage_path, spec.storage_mount,
                                     spec.allow_ephemeral_storage, environ,
                                     spec.storage_access_mode)
+    if scheme_of(path) not in OBJECT_STORE_SCHEMES:
+        check_writable(path)  # as the pod's user, before Ray starts: one line, exit 2
     from training.elastic import cpus_per_worker
 
     cpus = cpus_per_worker(spec.elastic, spec.cpus_per_train_worker, 1.0)

@@ -137,3 +137,70 @@ def check_storage_here(path: str, mount: str, allow_ephemeral: bool = False,
             text = ""
     return check_storage_in_container(path, mount, text, in_kubernetes=in_k8s,
                                       allow_ephemeral=allow_ephemeral, access_mode=access_mode)
+
+
+#: The probe file's name: hidden, and unique per host and process (pods share the volume).
+PROBE_PREFIX = ".submitter-write-probe"
+
+
+def _nearest_existing(path: str) -> str:
+    """`path`, or its deepest ancestor that exists (where the run's directories will be made)."""
+    path = os.path.abspath(path)
+    while not os.path.exists(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    return path
+
+
+def _write_probe(directory: str) -> None:
+    name = os.path.join(directory, f"{PROBE_PREFIX}-{os.uname().nodename}-{os.getpid()}")
+    fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        os.write(fd, b"ok\n")
+    finally:
+        os.close(fd)
+        try:
+            os.unlink(name)
+        except OSError:
+            pass
+
+
+def check_writable(path: str, *, probe: Callable[[str], None] = _write_probe,
+                   stat: Callable[[str], os.stat_result] = os.stat,
+                   uid: Optional[int] = None, gid: Optional[int] = None) -> None:
+    """Write (and remove) a probe file where the run will write, as this process's user (the
+    pod's runAsUser), before anything else starts; StoragePolicyError with one line otherwise.
+
+    Why: `fsGroup` is not applied to NFS-style volumes (NFS, Filestore, EFS without an access
+    point), so a root-owned 0755 export refuses uid 1000, and without this the run fails minutes
+    later inside Ray Train's first checkpoint."""
+    if path.startswith("file://"):
+        path = path[len("file://"):]
+    directory = _nearest_existing(path)
+    try:
+        probe(directory)
+        return
+    except OSError as e:
+        error = e
+    import errno
+    import stat as stat_module
+
+    uid = os.getuid() if uid is None else uid
+    gid = os.getgid() if gid is None else gid
+    where = directory if directory == os.path.abspath(path) else f"{directory} (where {path} would be made)"
+    if error.errno == errno.EROFS:
+        raise StoragePolicyError(
+            f"--storage-path {path} is on a read-only filesystem ({where}): mount the PVC read-write "
+            "(readOnly: false, a ReadWriteMany claim)") from None
+    try:
+        st = stat(directory)
+        found = (f"{where} is owned by uid {st.st_uid} gid {st.st_gid} with mode "
+                 f"{stat_module.S_IMODE(st.st_mode):04o} ({stat_module.filemode(st.st_mode)})")
+    except OSError as e:
+        found = f"{where} cannot even be looked at ({e.strerror}: a parent directory is closed to it)"
+    reason = error.strerror or type(error).__name__
+    raise StoragePolicyError(
+        f"--storage-path {path} is not writable by the pod's user (uid {uid}, gid {gid}): {found}; "
+        f"{reason}. fsGroup does not reach NFS-style volumes (NFS, Filestore, EFS). Fix: an EFS access "
+        f"point with PosixUser {uid}:{gid}, an export owned by {uid}:{gid} (chown it once, or a "
+        f"root-squash setting that maps writes to that uid, e.g. all_squash,anonuid={uid},"
+        f"anongid={gid}), or --existing-pvc naming a volume owned by uid {uid}") from None
