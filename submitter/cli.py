@@ -327,8 +327,9 @@ def _complete_job_names(ctx: click.Context, param: click.Parameter, incomplete: 
 @main.command()
 @click.argument("name", shell_complete=_complete_job_names)
 @click.option("--storage-path", metavar="PATH",
-              help="read the run from its directory under this storage path (a local run, or a "
-                   "mounted PVC); without it, from the cluster job's progress ConfigMap")
+              help="read the run from its directory under this storage path (a local run, a "
+                   "mounted PVC, or s3://, gs://, abfss://... as submit writes them); without it, "
+                   "from the cluster job's progress ConfigMap")
 @click.option("-n", "--namespace", default=None,
               help="namespace of the cluster job [default: the kubeconfig context's, else default]")
 @cluster_options
@@ -345,6 +346,7 @@ def report(name: str, storage_path: str | None, namespace: str | None, output_di
     Examples:
       submitter report gpt2-local --storage-path runs        # a `submit --local` run
       submitter report gpt2-demo -n team-a                   # a cluster job (its ConfigMap)
+      submitter report gpt2-demo -n team-a --storage-path s3://bucket/runs   # its events.jsonl
       submitter report gpt2-demo --output-dir reports/
     """
     from submitter import api

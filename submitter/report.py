@@ -1,7 +1,8 @@
 """`submitter report NAME`: the run as a picture (PNG) and a self-contained HTML page.
 
-The data comes from where the run keeps it: a local run directory's `events.jsonl` (every event)
-or a cluster job's progress ConfigMap (its bounded curve of the whole run, `curve.json`, plus
+The data comes from where the run keeps it: a run directory's `events.jsonl` (every event; a local
+path, or an object store URI as `submit` writes them, read with pyarrow's filesystems like the pod
+wrote it) or a cluster job's progress ConfigMap (its bounded curve of the whole run, `curve.json`, plus
 the folded state; the job's settings from the RayJob's job document). Both become one `RunData`
 and the same figure: train and validation loss against step, tokens/s, restarts and checkpoints
 marked. matplotlib (the `report` extra) is imported only here, with the Agg backend (no display).
@@ -64,7 +65,73 @@ def from_events(name: str, source: str, events: list[Mapping[str, Any]],
                    dict(settings or {}), facts)
 
 
+def need_pyarrow() -> Any:
+    """pyarrow.fs, or UsageError (exit 2) with the pip command: reading a run from an object
+    store goes through the same filesystems the pod wrote it with (and the same credentials:
+    AWS_* / AWS_ENDPOINT_URL, GOOGLE_APPLICATION_CREDENTIALS, AZURE_STORAGE_*)."""
+    try:
+        from pyarrow import fs
+    except ImportError:
+        raise UsageError("submitter report --storage-path s3://|gs://|abfss://... needs pyarrow: "
+                         f"{PIP_HINT}") from None
+    return fs
+
+
+def object_store_events(storage_path: str, name: str, namespace: str | None = None) -> tuple[str, str]:
+    """(URI, text) of a run's events.jsonl in an object store, looked for where `submit` puts
+    it: `<storage>/<namespace>/<name>/`, `<storage>/<name>/`, STORAGE as the run directory, or
+    `<storage>/*/<name>/` (a cluster run whose namespace was not given)."""
+    fs = need_pyarrow()
+    root_uri = storage_path.rstrip("/")
+    try:
+        filesystem, root = fs.FileSystem.from_uri(root_uri)
+    except (ValueError, OSError) as e:  # ArrowInvalid is a ValueError; missing credentials an OSError
+        raise UsageError(f"cannot open --storage-path {storage_path}: {_first_line(e)}") from None
+    root = root.rstrip("/")
+    candidates = [f"{root}/{namespace}/{name}"] if namespace else []
+    candidates += [f"{root}/{name}", root]
+    try:
+        for directory in candidates:
+            found = _read_object(fs, filesystem, f"{directory}/{naming.EVENTS_FILE}")
+            if found is not None:
+                return _as_uri(root_uri, root, f"{directory}/{naming.EVENTS_FILE}"), found
+        listing = filesystem.get_file_info(fs.FileSelector(root, recursive=False, allow_not_found=True))
+        for info in sorted(listing, key=lambda i: i.path):
+            if info.type == fs.FileType.Directory:
+                found = _read_object(fs, filesystem, f"{info.path}/{name}/{naming.EVENTS_FILE}")
+                if found is not None:
+                    return _as_uri(root_uri, root, f"{info.path}/{name}/{naming.EVENTS_FILE}"), found
+    except OSError as e:  # access denied, no such bucket, endpoint unreachable
+        raise UsageError(f"cannot read {storage_path}: {_first_line(e)}") from None
+    raise NotFound(f"no {naming.EVENTS_FILE} for run {name} under {storage_path}; give the "
+                   "--storage-path the run used (its run directory is <storage-path>/<name>, or "
+                   "<storage-path>/<namespace>/<name> for a cluster run)")
+
+
+def _read_object(fs: Any, filesystem: Any, path: str) -> str | None:
+    if filesystem.get_file_info(path).type != fs.FileType.File:
+        return None
+    with filesystem.open_input_stream(path) as f:
+        return f.read().decode("utf-8", errors="replace")
+
+
+def _as_uri(root_uri: str, root: str, path: str) -> str:
+    """A path inside the filesystem as the URI the user wrote (s3://bucket/... for bucket/...)."""
+    if root and root_uri.endswith(root):
+        return root_uri[:len(root_uri) - len(root)] + path
+    return f"{root_uri.split('://', 1)[0]}://{path}"
+
+
+def _first_line(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
+
+
 def from_run_dir(storage_path: str, name: str, namespace: str | None = None) -> RunData:
+    from submitter.contract.storage import OBJECT_STORE_SCHEMES, scheme_of
+
+    if scheme_of(storage_path) in OBJECT_STORE_SCHEMES:
+        uri, text = object_store_events(storage_path, name, namespace)
+        return from_events(name, uri, ev.parse_lines(text))
     path = events_file(storage_path, name, namespace)
     try:
         text = path.read_text(errors="replace")
