@@ -379,7 +379,8 @@ def resumed_rayjob(old: dict) -> dict:
     annotations[PREVIOUS_ANNOTATION] = json.dumps(previous, separators=(",", ":"))
     spec = copy.deepcopy(old.get("spec") or {})
     spec.pop("jobId", None)  # a fixed submission id would collide with the previous attempt's
-    spec["suspend"] = False
+    # a queued job starts suspended again, for Kueue to admit (its webhook would suspend it anyway)
+    spec["suspend"] = KUEUE_QUEUE_LABEL in (meta.get("labels") or {})
     return {"apiVersion": old.get("apiVersion", "ray.io/v1"), "kind": "RayJob",
             "metadata": {"name": meta["name"], "namespace": meta["namespace"],
                          "labels": dict(meta.get("labels") or {}), "annotations": annotations},

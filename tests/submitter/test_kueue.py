@@ -159,3 +159,19 @@ def test_owned_fields_are_what_kueue_and_stop_set_and_nothing_else():
     assert list(differences({"tolerations": [t, u]}, {"tolerations": [t]}, "x")) != []
     # other lists still compare whole
     assert list(differences({"args": [1]}, {"args": [1, 2]}, "x")) != []
+
+
+def test_a_new_attempt_of_a_failed_queued_job_queues_again(api, kubeconfig, runner, kueue):
+    from tests.support.fake_operator import FakeOperator
+
+    assert submit(runner, kubeconfig, *QUEUED, "--replicas", "1:3").exit_code == 0
+    kueue.reconcile()
+    FakeOperator(api.emulator, "gpt2-demo").fail()
+    result = cli(runner, kubeconfig, "resume", "gpt2-demo")
+    assert result.exit_code == 0, result.output
+    job = rayjob(api)
+    assert job["metadata"]["annotations"]["submitter.dev/attempt"] == "2"
+    assert job["spec"]["suspend"] is True  # for Kueue to admit, not around the queue
+    assert job["metadata"]["annotations"][ELASTIC_ANNOTATION] == "true"
+    kueue.reconcile()
+    assert rayjob(api)["spec"]["suspend"] is False
