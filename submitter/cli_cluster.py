@@ -237,7 +237,8 @@ def stop(name: str, namespace: str, kube_context: str | None, kubeconfig: str | 
     """Stop (suspend) a running job: KubeRay's spec.suspend, the Ray cluster is deleted.
 
     The RayJob, its checkpoints and progress stay; `submitter resume NAME` continues the run
-    from its last checkpoint.
+    from its last checkpoint. A queued job (Kueue) is stopped through its Workload too
+    (spec.active: false), so Kueue neither restarts it nor holds its quota.
 
     \b
     Examples:
