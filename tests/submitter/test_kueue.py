@@ -175,3 +175,22 @@ def test_a_new_attempt_of_a_failed_queued_job_queues_again(api, kubeconfig, runn
     assert job["metadata"]["annotations"][ELASTIC_ANNOTATION] == "true"
     kueue.reconcile()
     assert rayjob(api)["spec"]["suspend"] is False
+
+
+def test_fields_the_api_server_and_kuberay_default_are_not_drift(api, kubeconfig, runner, kueue):
+    """The CRD's schema defaults (a port's protocol, unset booleans) and status fill in what
+    the spec left out; a re-submit of an admitted job with them is still "unchanged"."""
+    assert submit(runner, kubeconfig, *QUEUED).exit_code == 0
+    kueue.reconcile()
+    job = rayjob(api)
+    head = job["spec"]["rayClusterSpec"]["headGroupSpec"]
+    for port in head["template"]["spec"]["containers"][0]["ports"]:
+        port.setdefault("protocol", "TCP")
+    head["serviceType"] = "ClusterIP"
+    job["spec"]["rayClusterSpec"]["enableInTreeAutoscaling"] = False
+    job["spec"]["submitterConfig"] = {"backoffLimit": 2}
+    api.emulator.merge(RAYJOBS, "default", "gpt2-demo", {"spec": job["spec"], "status": {
+        "jobDeploymentStatus": "Running", "jobStatus": "RUNNING", "rayClusterName": "gpt2-demo-x1"}})
+    result = submit(runner, kubeconfig, *QUEUED)
+    assert result.exit_code == 0, result.output
+    assert "rayjob/gpt2-demo unchanged" in result.output

@@ -79,12 +79,7 @@ def test_without_the_right_to_read_crds_strict_validation_is_the_backstop(api, k
     install(api, "1.5.0")
     api.emulator.deny("get", "customresourcedefinitions")
 
-    def strict(obj):  # what an API server with the v1.5.0 CRD answers under fieldValidation=Strict
-        if "authOptions" in obj["spec"]["rayClusterSpec"]:
-            return ['strict decoding error: unknown field "spec.rayClusterSpec.authOptions"']
-        return []
-
-    api.emulator.validate("rayjobs", strict)
+    api.emulator.validate("rayjobs", v1_5_0_api_server(api))
     result = submit(runner, kubeconfig)
     assert result.exit_code == 1
     assert "unknown field" in result.output and "upgrade KubeRay" in result.output and "1.5.1" in result.output
@@ -92,6 +87,43 @@ def test_without_the_right_to_read_crds_strict_validation_is_the_backstop(api, k
     assert [q.get("fieldValidation") for m, p, q in api.emulator.log if m in WRITES] == \
         ["Strict"] * len([1 for m, p, q in api.emulator.log if m in WRITES])
     assert [p for m, p, q in api.emulator.log if m in WRITES and q.get("dryRun") != "All"] == []
+
+
+def v1_5_0_api_server(api):
+    """What an API server with KubeRay v1.5.0's CRD does with `authOptions`: prunes it without a
+    word, or under fieldValidation=Strict refuses it (the request being served is the log's last)."""
+    def check(obj):
+        if "authOptions" not in obj["spec"]["rayClusterSpec"]:
+            return []
+        if api.emulator.log[-1][2].get("fieldValidation") == "Strict":
+            return ['strict decoding error: unknown field "spec.rayClusterSpec.authOptions"']
+        del obj["spec"]["rayClusterSpec"]["authOptions"]  # the silent downgrade
+        return []
+    return check
+
+
+def test_the_downgrade_that_strict_validation_prevents(api, kube):
+    """Without Strict the token-auth RayJob is stored without authOptions: the dashboard would be
+    open. With it (what every create and apply sends) the server refuses instead."""
+    from submitter import kube as kube_module
+    from submitter.contract.errors import ClusterError
+    from submitter.contract.spec import JobSpec
+    from submitter.ownership import owned_objects
+    from submitter.render import render
+
+    api.emulator.validate("rayjobs", v1_5_0_api_server(api))
+    spec = JobSpec.build(name="gpt2-demo")
+    rayjob = next(o for o in owned_objects(render(spec), spec) if o["kind"] == "RayJob")
+    with pytest.raises(ClusterError, match="unknown field.*upgrade KubeRay"):
+        kube.create(rayjob)
+    original = kube_module.FIELD_VALIDATION
+    try:
+        kube_module.FIELD_VALIDATION = None  # as before: the parameter not sent
+        kube.create(rayjob)
+    finally:
+        kube_module.FIELD_VALIDATION = original
+    stored = api.emulator.get("ray.io/v1/rayjobs", "default", "gpt2-demo")
+    assert "authOptions" not in stored["spec"]["rayClusterSpec"]
 
 
 @pytest.mark.parametrize("verb", ["create", "apply"])
