@@ -327,12 +327,14 @@ class Kube:
 
     def patch(self, kind: str, namespace: str | None, name: str, patch: dict, *,
               uid: str | None = None, dry_run: bool = False) -> dict:
-        """JSON merge patch (e.g. `spec.suspend`); with `uid`, only that incarnation is changed."""
+        """JSON merge patch (e.g. `spec.suspend`, a Workload's `spec.active`: Strict, so a field the
+        server does not know is refused, not dropped); with `uid`, only that incarnation changes."""
         k = KINDS[kind]
         if uid:
             patch = {**patch, "metadata": {**(patch.get("metadata") or {}), "uid": uid}}
         return self.request("PATCH", k.path(namespace, name), body=patch,
-                            query={"fieldManager": FIELD_MANAGER, "dryRun": "All" if dry_run else None},
+                            query={"fieldManager": FIELD_MANAGER, "fieldValidation": FIELD_VALIDATION,
+                                   "dryRun": "All" if dry_run else None},
                             content_type="application/merge-patch+json",
                             what=("patch", k, namespace, name))
 

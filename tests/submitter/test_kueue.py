@@ -75,6 +75,8 @@ def test_stop_of_an_admitted_queued_job_deactivates_its_workload_and_holds(api, 
     assert result.exit_code == 0, result.output
     assert f"Kueue Workload {workload['metadata']['name']} deactivated" in result.output
     assert api.emulator.get(WORKLOADS, "default", workload["metadata"]["name"])["spec"]["active"] is False
+    # a Kueue too old to know spec.active refuses the patch instead of dropping it
+    assert [q.get("fieldValidation") for m, p, q in api.emulator.log if m == "PATCH" and "workloads" in p] == ["Strict"]
     for _ in range(2):
         kueue.reconcile()  # an inactive Workload is evicted and never admitted again
     assert rayjob(api)["spec"]["suspend"] is True
