@@ -62,6 +62,8 @@ TOKENIZERS = ("auto", "gpt2", "byte")
 DATA_FORMATS = ("auto", "text", "parquet", "jsonl")
 #: --precision: auto = bf16 on GPUs that have it, else fp16 with loss scaling; fp32 on CPU.
 PRECISIONS = ("auto", "bf16", "fp16", "fp32")
+#: --compile: auto = torch.compile on CUDA workers, eager on CPU.
+COMPILE_MODES = ("auto", "on", "off")
 
 #: The groups options are listed under in `--help`, in this order.
 GROUPS = ("job", "resources", "scheduling", "storage", "training", "data", "checkpoints",
@@ -587,6 +589,9 @@ class JobSpec:
     precision: str = setting("auto", group="training", check=_one_of(PRECISIONS),
                              help="auto (bf16 on GPUs that support it, else fp16 with a gradient "
                                   "scaler; fp32 on CPU) | bf16 | fp16 | fp32")
+    compile: str = setting("auto", group="training", check=_one_of(COMPILE_MODES),
+                           help="torch.compile the transformer blocks and the loss: auto (on for "
+                                "GPU workers, off on CPU) | on | off")
     global_batch_size: Optional[int] = setting(
         None, group="training", check=_between(1),
         help="sequences per optimizer step over all workers; reached by gradient accumulation "
