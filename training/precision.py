@@ -114,15 +114,16 @@ def precision_here(requested: str, device: Any) -> Precision:
 
 
 def configure_matmul(precision: Precision, device_type: str) -> bool:
-    """Set TF32 for this process; returns whether it is on. fp32 means fp32: TF32 off
-    (`highest`); mixed precision allows TF32 for its fp32 parts (no effect before Ampere)."""
+    """Set TF32 for this process; returns whether TF32 is in use. fp32 means fp32: TF32 off
+    (`highest`). Mixed precision allows TF32 for its fp32 parts, which only Ampere (sm80) and
+    later have: on a T4 or V100 the flag is set but reported False (it changes nothing)."""
     import torch
 
-    tf32 = device_type == "cuda" and precision.name != "fp32"
-    torch.backends.cuda.matmul.allow_tf32 = tf32
-    torch.backends.cudnn.allow_tf32 = tf32
-    torch.set_float32_matmul_precision("high" if tf32 else "highest")
-    return tf32
+    allow = device_type == "cuda" and precision.name != "fp32"
+    torch.backends.cuda.matmul.allow_tf32 = allow
+    torch.backends.cudnn.allow_tf32 = allow
+    torch.set_float32_matmul_precision("high" if allow else "highest")
+    return allow and tuple(torch.cuda.get_device_capability()) >= BF16_MIN_CAPABILITY
 
 
 def make_scaler(precision: Precision, device_type: str, sharded: bool) -> Optional[Any]:
