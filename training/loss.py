@@ -35,12 +35,13 @@ def loss_chunk_rows(rows: int, vocab: int, max_elements: int = LOSS_CHUNK_ELEMEN
 
 def _chunk_loss_and_grads(hidden, weight, targets, chunk: int, want_grad: bool):
     """Sum of token losses over `hidden` (N, d) x `weight` (V, d) against `targets` (N),
-    chunk by chunk; with `want_grad`, d(sum)/d hidden (fp32) and d(sum)/d weight (fp32)."""
-    total = hidden.new_zeros((), dtype=torch.float32)
+    chunk by chunk; with `want_grad`, d(sum)/d hidden and d(sum)/d weight, in fp32 (fp64 for fp64 inputs)."""
+    acc = torch.promote_types(hidden.dtype, torch.float32)  # fp32 (fp64 stays fp64)
+    total = hidden.new_zeros((), dtype=acc)
     grad_h, grad_w = [], None
     for start in range(0, hidden.shape[0], chunk):
         h, t = hidden[start:start + chunk], targets[start:start + chunk]
-        logits = (h @ weight.t()).float()  # (chunk, V): the only logits alive, fp32 here only
+        logits = (h @ weight.t()).to(acc)  # (chunk, V): the only logits alive, fp32 here only
         valid = t != IGNORE_INDEX
         safe = torch.where(valid, t, 0)
         lse = torch.logsumexp(logits, dim=-1)
@@ -50,8 +51,8 @@ def _chunk_loss_and_grads(hidden, weight, targets, chunk: int, want_grad: bool):
             g = torch.exp(logits - lse[:, None])  # softmax - one_hot(target), rows of ignored
             g = g - torch.nn.functional.one_hot(safe, logits.shape[1]).to(g.dtype)
             g = (g * valid[:, None]).to(h.dtype)  # targets zeroed
-            grad_h.append((g @ weight).float())
-            gw = g.t().float() @ h.float()
+            grad_h.append((g @ weight).to(acc))
+            gw = g.t().to(acc) @ h.to(acc)
             grad_w = gw if grad_w is None else grad_w + gw
     return total, (torch.cat(grad_h) if want_grad else None), grad_w
 
@@ -70,7 +71,7 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out):
         grad_h, grad_w, count = ctx.saved_tensors
-        scale = grad_out.float() / count
+        scale = grad_out.to(grad_h.dtype) / count.to(grad_h.dtype)
         return ((grad_h * scale).to(ctx.dtypes[0]), (grad_w * scale).to(ctx.dtypes[1]),
                 None, None, None)
 
