@@ -440,6 +440,7 @@ PROBES: dict[str, list[Any]] = {
     "cpu_per_pod": ["4", "500m", "0.5", ".5", "1.5Gi", 4, "four", "4 ", "-1", "1e3", "", "0",
                     "0m", 0, "\u0664", "2", "1", "1001m", "2000m"],
     "precision": ["auto", "bf16", "fp16", "fp32", "fp8", ""],
+    "compile": ["auto", "on", "off", "yes", "", "On"],
 }
 for _f in fields():  # every yes/no and whole-number field: both sides agree at the bounds
     _kind = field_types()[_f.name]
