@@ -249,7 +249,7 @@ def test_the_second_start_reuses_the_mega_cache_beside_the_checkpoints(tmp_path)
     caches empty); the first compiles and writes compile-cache.bin beside the checkpoints,
     the second loads it and finds every graph: no inductor misses. (The time it saves, ~30 s
     -> ~3 s here, is not asserted: timing.) The directory cache of a run on a filesystem is
-    proved through the entrypoint: tests/training/test_compile_ray.py."""
+    proved through the entrypoint: tests/training/test_loop_ray.py."""
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     first = _run_compiled(run_dir, tmp_path / "pod-1", "object-store")
