@@ -39,12 +39,20 @@ CACHE_DIR = ".compile-cache"
 CACHE_ARTIFACTS = "compile-cache.bin"
 
 
-def compile_enabled(mode: str, device_type: str) -> bool:
-    """auto: on for CUDA (where launch overhead and unfused kernels cost most of the step),
-    off on CPU (compiling costs more than it saves for a tiny CPU run)."""
+#: Triton, inductor's GPU backend, needs compute capability 7.0 (V100) or later.
+MIN_CAPABILITY = (7, 0)
+
+
+def compile_enabled(mode: str, device_type: str,
+                    capability: Optional[tuple[int, int]] = None) -> bool:
+    """auto: on for CUDA (where launch overhead and unfused kernels cost most of the step)
+    from sm70 (V100, T4 and later; Triton has no older target), off on CPU (compiling costs
+    more than it saves for a tiny CPU run). `capability`: the GPU's (None: not known)."""
     if mode not in COMPILE_MODES:
         raise ValueError(f"compile {mode!r} is not one of {', '.join(COMPILE_MODES)}")
-    return mode == "on" or (mode == "auto" and device_type == "cuda")
+    if mode != "auto":
+        return mode == "on"
+    return device_type == "cuda" and (capability is None or tuple(capability) >= MIN_CAPABILITY)
 
 
 def cache_location(run_dir: str) -> tuple[str, str]:

@@ -182,7 +182,8 @@ def train_func(loop_config: dict[str, Any]) -> None:
     block = model_config.n_positions
     model = build_model(model_config)
     compile_cache = None
-    if compile_enabled(cfg.compile, device.type):  # blocks and loss, before DDP/FSDP wrap them
+    capability = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
+    if compile_enabled(cfg.compile, device.type, capability):  # before DDP/FSDP wrap the model
         compile_cache = CompileCache(join(cfg.storage_path, cfg.run_name), rank)
         compile_facts = compile_cache.open()
         model = compile_model(model)

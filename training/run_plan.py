@@ -45,8 +45,9 @@ def precision_fact(requested: str, use_gpu: bool, probe: Optional[dict]) -> dict
 
 
 def compile_fact(mode: str, use_gpu: bool) -> str:
-    """run_started's `compile`: on | off as the workers will resolve it (training.compiling);
-    the seconds it took ride on the first progress event of each start (`compile_s`)."""
+    """run_started's `compile`: on | off as the workers will resolve it (training.compiling;
+    a GPU older than sm70 turns auto off there, which the first progress event's `compile`
+    says); the seconds it took ride on that event too (`compile_s`)."""
     from training.compiling import compile_enabled
 
     return "on" if compile_enabled(mode, "cuda" if use_gpu else "cpu") else "off"

@@ -130,6 +130,8 @@ def test_the_chunk_size_is_bounded_by_memory_and_by_the_unrolled_chunk_count():
 def test_compile_auto_means_on_cuda_only_and_the_cache_follows_the_storage(tmp_path):
     assert compile_enabled("auto", "cuda") and not compile_enabled("auto", "cpu")
     assert compile_enabled("on", "cpu") and not compile_enabled("off", "cuda")
+    assert compile_enabled("auto", "cuda", (7, 5)) and compile_enabled("auto", "cuda", (9, 0))
+    assert not compile_enabled("auto", "cuda", (6, 0))  # a P100: Triton has no target for it
     with pytest.raises(ValueError):
         compile_enabled("maybe", "cuda")
     assert cache_location(str(tmp_path / "run")) == ("dir", str(tmp_path / "run" / CACHE_DIR))
