@@ -14,6 +14,7 @@ traces the autograd.Function whole (training.compiling compiles this function).
 
 from __future__ import annotations
 
+import contextlib
 from typing import Optional
 
 import torch
@@ -49,7 +50,7 @@ def _chunk_loss_and_grads(hidden, weight, targets, chunk: int, want_grad: bool):
         total = total + torch.where(valid, lse - picked, 0.0).sum()
         if want_grad:
             g = torch.exp(logits - lse[:, None])  # softmax - one_hot(target), rows of ignored
-            g = g - torch.nn.functional.one_hot(safe, logits.shape[1]).to(g.dtype)
+            g = g.scatter_add(1, safe[:, None], torch.full_like(lse[:, None], -1.0))
             g = (g * valid[:, None]).to(h.dtype)  # targets zeroed
             grad_h.append((g @ weight).to(acc))
             gw = g.t().to(acc) @ h.to(acc)
@@ -80,12 +81,13 @@ def lm_loss(hidden, weight, labels, chunk: Optional[int] = None):
     """Mean next-token cross-entropy of `hidden` (B, T, d) through the LM head `weight` (V, d)
     against `labels` (B, T) (shifted here, as Hugging Face's `ForCausalLM` loss shifts them;
     -100 ignored), chunked (see the module docstring). Under autocast the logits are computed
-    in its dtype; otherwise in `hidden`'s (FSDP2's param dtype)."""
+    in its dtype; otherwise in `hidden`'s (FSDP2's param dtype). (Meta tensors, which have
+    no autocast, let benchmarks/bench_compute.py size the loss for gpt2-small for free.)"""
     device_type = hidden.device.type
-    dtype = (torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type)
-             else hidden.dtype)
+    autocast = device_type != "meta" and torch.is_autocast_enabled(device_type)
+    dtype = torch.get_autocast_dtype(device_type) if autocast else hidden.dtype
     targets = torch.nn.functional.pad(labels[:, 1:], (0, 1), value=IGNORE_INDEX).reshape(-1)
-    with torch.autocast(device_type, enabled=False):
+    with torch.autocast(device_type, enabled=False) if autocast else contextlib.nullcontext():
         h = hidden.reshape(-1, hidden.shape[-1]).to(dtype)
         w = weight.to(dtype)
         rows = loss_chunk_rows(h.shape[0], w.shape[0]) if chunk is None else chunk
