@@ -78,7 +78,6 @@ def wrap_model(model: Any, *, fsdp: bool, precision: Precision, world: int, devi
     Called inside a Ray Train worker (uses `ray.train.torch.prepare_model` for the device and
     DDP)."""
     import ray.train.torch
-    import torch
     import torch.distributed as dist
 
     device_type = device.type
