@@ -51,10 +51,10 @@ def run_case(strategy: str, preset: str, precision_name: str, steps: int, batch:
 
     from training.model import build_model, build_optimizer, count_parameters, gpt2_config
     from training.parallel import comm_hook_name, enable_tf32, shard_fsdp
-    from training.precision import choose_precision, make_scaler
+    from training.precision import bf16_native, choose_precision, make_scaler
 
     enable_tf32("cuda")
-    prec = choose_precision(precision_name, "cuda", torch.cuda.is_bf16_supported())
+    prec = choose_precision(precision_name, "cuda", bf16_native())
     vocab = GPT2_VOCAB if preset == "gpt2-small" else 257
     config = gpt2_config(preset, vocab, vocab - 1)
     torch.manual_seed(0)
@@ -65,7 +65,7 @@ def run_case(strategy: str, preset: str, precision_name: str, steps: int, batch:
     else:
         model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[0],
                                                           gradient_as_bucket_view=True)
-        hook = comm_hook_name("ddp", "cuda", 2, torch.cuda.is_bf16_supported())  # as on 2+ GPUs
+        hook = comm_hook_name("ddp", "cuda", 2, bf16_native())  # as on 2+ GPUs
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
         model.register_comm_hook(None, getattr(default_hooks, hook))
@@ -119,13 +119,14 @@ def main() -> None:
 
     if not torch.cuda.is_available():
         raise SystemExit("no CUDA GPU here: run this where one is")
+    from training.precision import bf16_native
     name = torch.cuda.get_device_name(0)
     peak = a.peak_tflops or peak_tflops(name)
-    print(f"gpu: {name}, bf16: {torch.cuda.is_bf16_supported()}, torch {torch.__version__}, "
+    print(f"gpu: {name}, bf16: {bf16_native()}, torch {torch.__version__}, "
           f"peak {peak or '?'} TFLOP/s", flush=True)
     _init()
     failed = False
-    precisions = ["bf16", "fp16"] if torch.cuda.is_bf16_supported() else ["fp16"]
+    precisions = ["bf16", "fp16"] if bf16_native() else ["fp16"]
     for strategy in ("ddp", "fsdp"):
         for preset in ("tiny", "gpt2-small"):
             for precision in precisions:

@@ -85,11 +85,14 @@ def check_gpus_here(use_gpu: bool, workers: int, autoscaling: bool = False,
 
 
 def _probe() -> dict:
-    """On a GPU worker node: what its CUDA can do (a Ray task with one GPU)."""
+    """On a GPU worker node: what its CUDA can do (a Ray task with one GPU). bf16: native
+    only (a T4 or V100 emulates it; those train in fp16)."""
     import torch
 
+    from training.precision import bf16_native
+
     ok = torch.cuda.is_available()
-    return {"cuda": ok, "bf16": bool(ok and torch.cuda.is_bf16_supported()),
+    return {"cuda": ok, "bf16": bool(ok and bf16_native()),
             "gpu": torch.cuda.get_device_name(0) if ok else None}
 
 

@@ -137,10 +137,12 @@ def train_func(loop_config: dict[str, Any]) -> None:
     from ray.train import Checkpoint
 
     from submitter.contract.spec import accumulation_steps
+    from training.compiling import CompileCache, compile_enabled, compile_model, compile_seconds, counters
     from training.elastic import group_batch
     from training.model import BETAS, MIN_LR_RATIO, build_model, build_optimizer, gpt2_config
     from training.parallel import is_fsdp, unwrapped, wrap_model
     from training.precision import make_scaler, precision_here
+    from training.run_identity import join
     from training.schedule import resumed_plan
 
     cfg = TrainConfig.from_dict(loop_config["config"])
@@ -151,8 +153,8 @@ def train_func(loop_config: dict[str, Any]) -> None:
     precision = precision_here(cfg.precision, device)
     accum = accumulation_steps(cfg.global_batch_size, world, cfg.batch_size_per_worker)
 
-    def autocast() -> Any:
-        return precision.autocast(device.type)
+    def autocast() -> Any:  # FSDP2's MixedPrecisionPolicy casts instead (training.precision)
+        return precision.autocast(device.type, params_cast=is_fsdp(model))
 
     # --- the checkpoint's state first: it says which epoch's data to start streaming -------
     state, resumed_from = None, None
@@ -178,8 +180,16 @@ def train_func(loop_config: dict[str, Any]) -> None:
     model_config = gpt2_config(cfg.model, loop_config["vocab_size"], loop_config["eot_id"],
                                cfg.block_size)
     block = model_config.n_positions
-    model, worker_facts = wrap_model(build_model(model_config), fsdp=cfg.fsdp, precision=precision,
-                               world=world, device=device)
+    model = build_model(model_config)
+    compile_cache = None
+    capability = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
+    if compile_enabled(cfg.compile, device.type, capability):  # before DDP/FSDP wrap the model
+        compile_cache = CompileCache(join(cfg.storage_path, cfg.run_name), rank)
+        compile_facts = compile_cache.open()
+        model = compile_model(model)
+    model, worker_facts = wrap_model(model, fsdp=cfg.fsdp, precision=precision,
+                                     world=world, device=device)
+    worker_facts["compile"] = compile_cache is not None
     optimizer = build_optimizer(model, cfg.learning_rate, cfg.weight_decay, BETAS)
     scaler = make_scaler(precision, device.type, sharded=is_fsdp(model))
 
@@ -313,6 +323,9 @@ def train_func(loop_config: dict[str, Any]) -> None:
                 break  # the epoch's data ran out (a partial accumulation is dropped)
             gate.begin()
             step_loss = step_once(micro)
+            if first_step and compile_cache is not None:  # the first step compiled (or loaded)
+                compile_cache.after_first_step()
+                worker_facts.update(compile_facts, compile_s=compile_seconds(), **counters())
             done_in_epoch += 1
             epoch_loss += step_loss
             window_loss += step_loss

@@ -12,6 +12,13 @@ shard a parameter so its `dim()` says nothing): decay on the Linear/Conv1D weigh
 attention and MLP; no decay on biases, LayerNorm weights, and the embeddings `wte`/`wpe`
 (as in most GPT reproductions after nanoGPT's first version: decaying the token embedding,
 which is also the tied output layer, pulls rare tokens' rows to zero).
+
+GELU: `gelu_pytorch_tanh`, the same tanh approximation as GPT-2's `gelu_new` but one fused
+kernel (`F.gelu(approximate="tanh")`) instead of a chain of Python-level ops whose `pow` CUDA
+autocast runs in fp32 over the whole tokens x 3072 activation.
+
+Loss: `training.loss.lm_loss`, a chunked cross-entropy that never holds the fp32 logits of the
+whole micro-batch (`model(input_ids=x, labels=x).loss`, see `model_class`).
 """
 
 from __future__ import annotations
@@ -64,16 +71,47 @@ def gpt2_config(preset_name: str, vocab_size: int, eot_id: int, block_size: Opti
         raise ValueError(f"model {preset_name} has {vocab} token ids, the tokenizer needs {vocab_size}")
     block = block_size or p.block_size
     return GPT2Config(vocab_size=padded_vocab(vocab), tokenizer_vocab_size=vocab,
+                      activation_function=GELU,
                       n_positions=block, n_embd=p.n_embd, n_layer=p.n_layer,
                       n_head=p.n_head, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
                       bos_token_id=eot_id, eos_token_id=eot_id,
                       use_cache=False)  # training never decodes: no KV cache to fill each step
 
 
-def build_model(config):
-    from transformers import GPT2LMHeadModel
+#: GPT-2's `gelu_new` as one kernel (the same tanh approximation; see the module docstring).
+GELU = "gelu_pytorch_tanh"
+_MODEL_CLASS: list = []
 
-    model = GPT2LMHeadModel(config)
+
+def model_class():
+    """`GPT2Pretraining`: GPT2LMHeadModel whose `model(input_ids=x, labels=x).loss` is
+    `lm_loss` (the same module tree, parameter names and state dict: export loads its weights
+    into a plain GPT2LMHeadModel). Built on first use: importing this module needs no torch."""
+    if _MODEL_CLASS:
+        return _MODEL_CLASS[0]
+    from transformers import GPT2LMHeadModel
+    from transformers.modeling_outputs import CausalLMOutputWithCrossAttentions
+
+    from training.loss import lm_loss
+
+    class GPT2Pretraining(GPT2LMHeadModel):
+        #: the loss function; training.compiling swaps in a compiled one
+        loss_fn = staticmethod(lm_loss)
+
+        def forward(self, input_ids=None, labels=None, **kwargs):
+            if labels is None or kwargs:
+                return super().forward(input_ids=input_ids, labels=labels, **kwargs)
+            hidden = self.transformer(input_ids).last_hidden_state
+            return CausalLMOutputWithCrossAttentions(
+                loss=self.loss_fn(hidden, self.lm_head.weight, labels))
+
+    _MODEL_CLASS.append(GPT2Pretraining)
+    return GPT2Pretraining
+
+
+def build_model(config):
+    """GPT-2 for pre-training (`model_class`)."""
+    model = model_class()(config)
     model.loss_type = "ForCausalLM"
     return model
 

@@ -17,40 +17,39 @@ Wrapping: one FSDP unit per `GPT2Block` (the auto-wrap policy FSDP1 would take a
 `ModuleWrapPolicy({GPT2Block})`), then the root (embeddings, tied LM head, final LayerNorm), so
 one block is gathered at a time and the next one's all-gather overlaps compute.
 Mixed precision: `MixedPrecisionPolicy(param_dtype=<bf16|fp16>, reduce_dtype=fp32)`: compute in
-the run's precision, gradients reduced and kept in fp32 (sharded fp32 master weights).
+the run's precision, gradients reduced and kept in fp32 (sharded fp32 master weights). The
+policy is the only cast: the loop runs FSDP2 without autocast (training.precision).
 Gradient accumulation under FSDP keeps reduce-scattering every micro-batch (skipping it would
 hold unsharded gradients, the memory FSDP exists to save); DDP skips all but the last
 (`no_sync`).
 
 DDP on CUDA: gradients are all-reduced in bf16 (`bf16_compress_hook`; fp16 on GPUs without
-bf16), halving the bytes of the step's dominant communication; `gradient_as_bucket_view` avoids
-a copy. TF32 matmuls are enabled on CUDA (Ampere+; fp32 parts of a mixed-precision step).
+native bf16), halving the bytes of the step's dominant communication; `gradient_as_bucket_view`
+avoids a copy. `--precision fp32` keeps fp32 all-reduces and turns TF32 off
+(training.precision.configure_matmul); mixed precision allows TF32 for its fp32 parts.
 """
 
 from __future__ import annotations
 
 from typing import Any, Optional
 
-from training.precision import Precision
+from training.precision import Precision, bf16_native, configure_matmul
 
 
-def comm_hook_name(strategy: str, device_type: str, world: int, bf16_supported: bool) -> Optional[str]:
-    """Which DDP gradient compression hook a run registers (None: plain fp32 all-reduce)."""
-    if strategy != "ddp" or device_type != "cuda" or world < 2:
+def comm_hook_name(strategy: str, device_type: str, world: int, bf16_supported: bool,
+                   precision: str = "bf16") -> Optional[str]:
+    """Which DDP gradient compression hook a run registers (None: plain fp32 all-reduce).
+    `bf16_supported`: NATIVE bf16 (training.precision.bf16_native); `precision`: the run's
+    resolved precision (fp32 means fp32 gradients on the wire too)."""
+    if strategy != "ddp" or device_type != "cuda" or world < 2 or precision == "fp32":
         return None
     return "bf16_compress_hook" if bf16_supported else "fp16_compress_hook"
 
 
 def enable_tf32(device_type: str) -> bool:
-    """TF32 for fp32 matmuls and convolutions on CUDA (no effect before Ampere)."""
-    if device_type != "cuda":
-        return False
-    import torch
-
-    torch.backends.cuda.matmul.allow_tf32 = True
-    torch.backends.cudnn.allow_tf32 = True
-    torch.set_float32_matmul_precision("high")
-    return True
+    """TF32 on for a mixed-precision run (what `configure_matmul` does for bf16/fp16); kept
+    for callers that do not hold a Precision (benchmarks/gpu_smoke.py)."""
+    return configure_matmul(Precision("bf16", "bf16", "mixed precision"), device_type)
 
 
 def shard_fsdp(model: Any, precision: Precision) -> Any:
@@ -79,11 +78,10 @@ def wrap_model(model: Any, *, fsdp: bool, precision: Precision, world: int, devi
     Called inside a Ray Train worker (uses `ray.train.torch.prepare_model` for the device and
     DDP)."""
     import ray.train.torch
-    import torch
     import torch.distributed as dist
 
     device_type = device.type
-    facts: dict[str, Any] = {"tf32": enable_tf32(device_type)}
+    facts: dict[str, Any] = {"tf32": configure_matmul(precision, device_type)}
     distributed = dist.is_available() and dist.is_initialized()
     if fsdp and distributed:
         model = ray.train.torch.prepare_model(model, parallel_strategy=None)  # to the device
@@ -93,8 +91,8 @@ def wrap_model(model: Any, *, fsdp: bool, precision: Precision, world: int, devi
         model = ray.train.torch.prepare_model(
             model, parallel_strategy="ddp",
             parallel_strategy_kwargs={"gradient_as_bucket_view": True})
-        bf16 = device_type == "cuda" and torch.cuda.is_bf16_supported()
-        hook = comm_hook_name("ddp", device_type, world, bf16)
+        bf16 = device_type == "cuda" and bf16_native(device)
+        hook = comm_hook_name("ddp", device_type, world, bf16, precision.name)
         if hook:
             from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 

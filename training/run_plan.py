@@ -44,6 +44,15 @@ def precision_fact(requested: str, use_gpu: bool, probe: Optional[dict]) -> dict
     return {**out, "gpu": probe.get("gpu")}
 
 
+def compile_fact(mode: str, use_gpu: bool) -> str:
+    """run_started's `compile`: on | off as the workers will resolve it (training.compiling;
+    a GPU older than sm70 turns auto off there, which the first progress event's `compile`
+    says); the seconds it took ride on that event too (`compile_s`)."""
+    from training.compiling import compile_enabled
+
+    return "on" if compile_enabled(mode, "cuda" if use_gpu else "cpu") else "off"
+
+
 def warmup_for(total: int, warmup_steps: Optional[int]) -> int:
     return warmup_steps if warmup_steps is not None else max(1, total // 20)
 
@@ -78,6 +87,7 @@ def plan_run(cfg: TrainConfig, corpus: Any, tok_spec: Any, block: int,
                "text; corrected after the first epoch)")
     total = spe * cfg.epochs
     facts = {**precision_fact(cfg.precision, cfg.use_gpu, probe),
+             "compile": compile_fact(cfg.compile, cfg.use_gpu),
              "accumulation_steps": accum,
              "global_batch_size": micro * accum,
              "steps_per_epoch_estimated": estimated}

@@ -40,7 +40,14 @@ EVENT_TYPES = tuple(REQUIRED)
 OPTIONAL: dict[str, frozenset[str]] = {
     # run_dir: where the run lives (`<storage>/<namespace>/<name>` for a cluster run)
     "run_started": frozenset({"run_dir", "model", "params", "tokenizer", "data", "epochs",
-                              "steps_per_epoch", "block_size", "batch_size_per_worker"}),
+                              "steps_per_epoch", "block_size", "batch_size_per_worker",
+                              "precision", "compile"}),
+    # the first progress event of every (re)start says how the workers train; with compile on,
+    # compile_s is the seconds the first step spent compiling (a restart that finds the run's
+    # compile cache spends a few), and the inductor cache's hits/misses (fxgraph_cache_hit ...)
+    "progress": frozenset({"data_wait_fraction", "precision", "accumulation_steps", "parallel",
+                           "tf32", "grad_compression", "compile", "compile_s", "compile_cache",
+                           "fxgraph_cache_hit", "fxgraph_cache_miss"}),
     # sent by Ray Train's controller once the checkpoint is registered (what a resume uses):
     # registered is true; reason is epoch_end | interval | preemption (SIGTERM)
     "checkpoint_saved": frozenset({"step", "val_loss", "registered", "reason"}),

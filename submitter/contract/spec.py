@@ -60,8 +60,10 @@ ACCESS_MODES = ("ReadWriteMany", "ReadWriteOnce", "ReadOnlyMany", "ReadWriteOnce
 PULL_POLICIES = ("Always", "IfNotPresent", "Never")
 TOKENIZERS = ("auto", "gpt2", "byte")
 DATA_FORMATS = ("auto", "text", "parquet", "jsonl")
-#: --precision: auto = bf16 on GPUs that have it, else fp16 with loss scaling; fp32 on CPU.
+#: --precision: auto = bf16 on GPUs with native bf16, else fp16 with loss scaling; fp32 on CPU.
 PRECISIONS = ("auto", "bf16", "fp16", "fp32")
+#: --compile: auto = torch.compile on CUDA workers, eager on CPU.
+COMPILE_MODES = ("auto", "on", "off")
 
 #: The groups options are listed under in `--help`, in this order.
 GROUPS = ("job", "resources", "scheduling", "storage", "training", "data", "checkpoints",
@@ -640,8 +642,12 @@ class JobSpec:
     seed: int = setting(1337, group="training", check=_between(0),
                         help="random seed (model init and data order)")
     precision: str = setting("auto", group="training", check=_one_of(PRECISIONS),
-                             help="auto (bf16 on GPUs that support it, else fp16 with a gradient "
-                                  "scaler; fp32 on CPU) | bf16 | fp16 | fp32")
+                             help="auto (bf16 on GPUs that compute it natively, sm80+; fp16 "
+                                  "with a gradient scaler on T4/V100; fp32 on CPU) | bf16 | fp16 | "
+                                  "fp32 (no TF32)")
+    compile: str = setting("auto", group="training", check=_one_of(COMPILE_MODES),
+                           help="torch.compile the transformer blocks and the loss: auto (on for "
+                                "GPU workers, off on CPU) | on | off")
     global_batch_size: Optional[int] = setting(
         None, group="training", check=_between(1),
         help="sequences per optimizer step over all workers; reached by gradient accumulation "

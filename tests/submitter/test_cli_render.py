@@ -63,6 +63,10 @@ def test_job_file_sets_fields_and_flags_override(runner, tmp_path):
     (["--name", "j", "--env", "NOEQUALS"], ["KEY=VALUE"]),
     (["--replicas", "2"], ["name is required"]),
     (["--name", "j", "--fsdp"], ["--gpu-per-pod"]),
+    (["--name", "j", "--compile", "maybe"], ["--compile", "auto, on, off"]),
+    (["--name", "j", "--compile", ""], ["--compile"]),
+    (["--name", "j", "--precision", "fp8"], ["--precision", "auto, bf16, fp16, fp32"]),
+    (["--name", "j", "--precision", "fp16"], ["--gpu-per-pod"]),
 ])
 def test_bad_input_is_one_line_exit_2_and_nothing_on_stdout(runner, args, words, tmp_path):
     out = tmp_path / "out"

@@ -449,6 +449,7 @@ PROBES: dict[str, list[Any]] = {
     "metrics_selector": ["app.kubernetes.io/name=prometheus", "", "a=b,c=d", "a", "a=", ",a=b", "a=b c"],
     "dashboard_cidr": [[], ["10.0.0.0/8"], ["172.16.0.0/28", "0.0.0.0/0"], ["::/0"], ["2001:db8::/32"],
                        ["10.0.0.1/8"], ["x"], ["10.0.0.0/33"], ["300.0.0.0/8"], ["10.0.0.0"], [""]],
+    "compile": ["auto", "on", "off", "yes", "", "On"],
 }
 for _f in fields():  # every yes/no and whole-number field: both sides agree at the bounds
     _kind = field_types()[_f.name]

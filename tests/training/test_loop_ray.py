@@ -72,3 +72,33 @@ def test_accumulation_estimate_and_an_extension_that_continues_the_schedule(stor
     assert after[0]["lr"] <= lr_before[-1] * 1.0001
     assert all(b["lr"] <= a["lr"] * 1.0001 for a, b in zip(after, after[1:]))
     assert events[-1]["type"] == "run_finished" and events[-1]["step"] == 3 * real
+
+
+def test_compile_on_reports_its_cost_and_a_resumed_start_reuses_the_runs_cache(storage, fresh_ray,
+                                                                                monkeypatch):
+    """`--compile on` on a CPU worker: run_started says compile is on, the first progress event
+    of each start what compiling cost, and a resumed start finds every graph in
+    `<run dir>/.compile-cache` (no inductor misses)."""
+    import ray
+
+    from training.compiling import CACHE_DIR
+
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    common = ["--compile", "on", "--max-steps-per-epoch", "2", "--progress-every", "1"]
+    first = _run(storage, *common, "--epochs", "1")
+    assert first.ok, first.error
+    ray.shutdown()
+    more = _run(storage, *common, "--epochs", "2")  # the same run, extended: a new start
+    assert more.ok, more.error
+    events = ev.parse_lines((storage / "acc" / naming.EVENTS_FILE).read_text())
+    assert events[0]["type"] == "run_started" and events[0]["compile"] == "on"
+    resumed = next(i for i, e in enumerate(events) if e["type"] == "run_resumed")
+    starts = [next(e for e in part if e["type"] == "progress")
+              for part in (events[:resumed], events[resumed:])]
+    cache = storage / "acc" / CACHE_DIR
+    for start in starts:
+        assert start["compile"] is True and start["compile_cache"] == str(cache)
+        assert start["compile_s"] > 0
+    assert starts[0]["fxgraph_cache_miss"] > 0
+    assert starts[1]["fxgraph_cache_miss"] == 0 and starts[1]["fxgraph_cache_hit"] > 0
+    assert any(cache.iterdir())

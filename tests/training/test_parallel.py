@@ -14,7 +14,7 @@ import torch.distributed as dist
 
 from training.model import build_model, build_optimizer, gpt2_config
 from training.parallel import comm_hook_name, shard_fsdp
-from training.precision import choose_precision
+from training.precision import bf16_native, choose_precision
 
 VOCAB, EOT, BLOCK = 257, 256, 32
 
@@ -78,7 +78,7 @@ def _fsdp_save_resume_same_next_loss(device: str, precision: str) -> None:
     from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_state_dict,
                                                          set_state_dict)
 
-    prec = choose_precision(precision, device, device == "cuda" and torch.cuda.is_bf16_supported())
+    prec = choose_precision(precision, device, device == "cuda" and bf16_native())
     torch.manual_seed(1)
     batches = [torch.randint(0, 256, (4, BLOCK), device=device) for _ in range(4)]
     model = shard_fsdp(_model(0, device), prec)
@@ -111,7 +111,7 @@ def test_fsdp_save_then_resume_gives_the_same_next_step_loss(one_rank_group):
 @pytest.mark.parametrize("one_rank_group", ["nccl"], indirect=True)
 def test_fsdp_save_then_resume_on_cuda_bf16(one_rank_group):
     torch.cuda.set_device(0)
-    _fsdp_save_resume_same_next_loss("cuda", "bf16" if torch.cuda.is_bf16_supported() else "fp16")
+    _fsdp_save_resume_same_next_loss("cuda", "bf16" if bf16_native() else "fp16")
 
 
 def test_ddp_compresses_gradients_on_cuda_only():
