@@ -120,7 +120,8 @@ def points_of(event: Mapping[str, Any], facts: Mapping[str, Any],
     if not isinstance(step, int) or isinstance(step, bool):
         return []
     names = PROGRESS_METRICS if etype == "progress" else \
-        EPOCH_METRICS if etype == "epoch_finished" else {}
+        EPOCH_METRICS if etype == "epoch_finished" else \
+        {"val_loss": "val/loss"} if etype == "checkpoint_saved" else {}  # interval saves too
     values = {name: float(event[k]) for k, name in names.items()
               if isinstance(event.get(k), (int, float)) and not isinstance(event.get(k), bool)}
     if etype == "progress":

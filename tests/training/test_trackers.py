@@ -18,6 +18,7 @@ import pytest
 
 from submitter.contract.errors import UsageError
 from training import trackers as tr
+from tests.support.tensorboard import scalars as _scalars
 from training.emitter import Emitter, events_sink, run_sinks
 
 FAST = (0.05, 0.1, 0.2)
@@ -56,20 +57,6 @@ def _session(em: Emitter, steps: list[int], *, start: bool = True, world: int = 
         em.emit("run_finished", epoch=1, step=steps[-1], export_dir=export_dir)
     elif finish == "failed":
         em.emit("run_failed", error="boom")
-
-
-def _scalars(logdir: str) -> dict[str, list[tuple[int, float]]]:
-    from tensorboard.backend.event_processing.event_multiplexer import EventMultiplexer
-
-    mux = EventMultiplexer()
-    mux.AddRunsFromDirectory(logdir)
-    mux.Reload()
-    out: dict[str, list[tuple[int, float]]] = {}
-    for run in mux.Runs():
-        acc = mux.GetAccumulator(run)
-        for tag in acc.Tags()["scalars"]:
-            out.setdefault(tag, []).extend((e.step, e.value) for e in acc.Scalars(tag))
-    return {k: sorted(v) for k, v in out.items()}
 
 
 def test_tensorboard_writes_every_metric_with_the_step_as_global_step(tmp_path):
@@ -333,18 +320,32 @@ def test_a_backend_down_to_the_end_costs_the_close_timeout_not_the_run(tmp_path)
 
 # --- W&B offline ---------------------------------------------------------------------------------
 
-def _wandb_history(run_file: str) -> list[dict]:
-    """The history rows in an offline run's .wandb file (W&B's own record reader)."""
-    from wandb.proto import wandb_internal_pb2
-    from wandb.sdk.internal import datastore
+def _wandb_records(path: str):
+    """The records of a .wandb file: W&B's LevelDB-style log (a 7-byte `:W&B` header, then
+    32 KiB blocks of records: crc32 (4), length (2), type (1: full, 2: first, 3: middle, 4: last)."""
+    data = open(path, "rb").read()
+    assert data[:4] == b":W&B"
+    pos, block, parts = 7, 32768, b""
+    while pos + 7 <= len(data):
+        if block - pos % block < 7:  # a block's tail too short for a header is padding
+            pos += block - pos % block
+            continue
+        length, rtype = int.from_bytes(data[pos + 4:pos + 6], "little"), data[pos + 6]
+        payload, pos = data[pos + 7:pos + 7 + length], pos + 7 + length
+        if rtype == 1:
+            yield payload
+        elif rtype in (2, 3):
+            parts = (b"" if rtype == 2 else parts) + payload
+        elif rtype == 4:
+            yield parts + payload
 
-    ds = datastore.DataStore()
-    ds.open_for_scan(run_file)
+
+def _wandb_history(run_file: str) -> list[dict]:
+    """The history rows in an offline run's .wandb file."""
+    from wandb.proto import wandb_internal_pb2
+
     rows = []
-    while True:
-        data = ds.scan_data()
-        if data is None:
-            break
+    for data in _wandb_records(run_file):
         rec = wandb_internal_pb2.Record()
         rec.ParseFromString(data)
         if rec.WhichOneof("record_type") == "history":
