@@ -219,7 +219,7 @@ def test_without_the_training_stack_local_exits_2_with_the_pip_command(runner, m
 
 
 @pytest.mark.slow
-def test_submit_local_runs_end_to_end_offline(storage, tmp_path):
+def test_submit_local_runs_end_to_end_offline(storage, tmp_path, monkeypatch):
     """The README's main command, shortened (offline corpus, byte tokenizer, 2 CPU workers), as
     a user runs it: the CLI process imports neither ray nor torch nor transformers."""
     import subprocess
@@ -255,6 +255,7 @@ def test_submit_local_runs_end_to_end_offline(storage, tmp_path):
     # MLflow: one run with the metrics and the exported model
     from mlflow.tracking import MlflowClient
 
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
     client = MlflowClient(tracking_uri=f"file:{tmp_path}/mlruns")
     run_id = json.loads((run_dir / "mlflow.json").read_text())["run_id"]
     assert [m.step for m in client.get_metric_history(run_id, "train/loss")] == progress_steps
