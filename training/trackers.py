@@ -54,7 +54,8 @@ EPOCH_METRICS = {"val_loss": "val/loss", "train_loss": "train/epoch_loss", "epoc
 #: Dense bf16/fp16 tensor-core peaks (TFLOP/s) by device-name fragment (vendor data sheets):
 #: MFU is written where the run's GPU is one of these.
 PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "A10G": 125.0,
-               "L4": 121.0, "A10": 125.0, "V100": 125.0, "T4": 65.0}
+               "L4": 121.0, "A10": 125.0, "T4": 65.0, "V100": 125.0, "RTX 4090": 165.0,
+               "RTX 3090": 71.0}
 #: Settings that are no metric of the run and may hold what is nobody's business in a tracker.
 PRIVATE_SETTINGS = ("env", "secret_env", "env_from_secret")
 #: Seconds a backend gets to drain its queue when the run ends (an artifact upload included).

@@ -8,16 +8,15 @@ from __future__ import annotations
 import glob
 import json
 import os
-import socket
 import subprocess
 import sys
-import threading
 import time
 
 import pytest
 
 from submitter.contract.errors import UsageError
 from training import trackers as tr
+from tests.support.s3 import _free_port
 from tests.support.tensorboard import scalars as _scalars
 from training.emitter import Emitter, events_sink, run_sinks
 
@@ -169,12 +168,6 @@ def test_mlflow_file_store_one_run_resumed_with_params_metrics_and_the_model(tmp
     run_dir = str(tmp_path / "demo")
     _job(run_dir)
     _mlflow_checks(f"file:{tmp_path / 'mlruns'}", run_dir, tmp_path)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _start_mlflow_server(tmp_path, port: int) -> subprocess.Popen:
