@@ -30,6 +30,7 @@ import json
 import logging
 import os
 import queue
+import re
 import shutil
 import struct
 import tempfile
@@ -90,10 +91,29 @@ _PACKAGES = {"tensorboard": ("tensorboardX", "pip install 'submitter[train]'", N
              "wandb": ("wandb", "pip install 'submitter[wandb]'", "WANDB_API_KEY or WANDB_MODE")}
 
 
+#: W&B's modes (`dryrun` and `run` are its older names for offline and online).
+WANDB_MODES = ("online", "offline", "disabled", "shared", "dryrun", "run")
+_URI = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*:|/)")
+
+
+def check_values(environ: Mapping[str, str]) -> None:
+    """The trackers' variables that can be wrong before anything starts (UsageError, exit 2)."""
+    mode = environ.get("WANDB_MODE")
+    if mode is not None and mode not in WANDB_MODES:
+        raise UsageError(f"WANDB_MODE={mode!r} is not a W&B mode: use one of "
+                         f"{', '.join(WANDB_MODES[:4])}")
+    uri = environ.get("MLFLOW_TRACKING_URI")
+    if uri is not None and uri.strip() and not _URI.match(uri.strip()):
+        raise UsageError(f"MLFLOW_TRACKING_URI={uri!r} is not a tracking URI: use e.g. "
+                         "http://mlflow.mlops:5000, sqlite:////mnt/mlflow.db or file:/mnt/mlruns")
+
+
 def check_installed(environ: Mapping[str, str],
                     find: Callable[[str], Any] = importlib.util.find_spec) -> list[str]:
-    """Before training starts: every requested tracker's package can be imported here, else
-    TrackerMissing (exit 2) naming the pip command. Returns the requested trackers."""
+    """Before training starts: the trackers' variables make sense and every requested
+    tracker's package can be imported here, else UsageError (exit 2) with one line (naming
+    the pip command). Returns the requested trackers."""
+    check_values(environ)
     names = requested(environ)
     for name in names:
         module, pip, variable = _PACKAGES[name]
@@ -458,6 +478,8 @@ class Wandb(Backend):
         os.makedirs(directory, exist_ok=True)
         self.run = wandb.init(project=project, entity=run.environ.get("WANDB_ENTITY"),
                               name=run.name, id=run_id, resume="allow", dir=directory,
+                              mode=_WANDB_MODE_NAMES.get(run.environ.get("WANDB_MODE") or "",
+                                                         run.environ.get("WANDB_MODE")),
                               config=run.params,
                               settings=wandb.Settings(console="off", x_disable_stats=True))
 
@@ -466,6 +488,9 @@ class Wandb(Backend):
 
     def close(self, ok: bool) -> None:
         self.run.finish(exit_code=0 if ok else 1)
+
+
+_WANDB_MODE_NAMES = {"dryrun": "offline", "run": "online"}
 
 
 BACKENDS: dict[str, Callable[[], Backend]] = {"tensorboard": TensorBoard, "mlflow": Mlflow,

@@ -398,3 +398,28 @@ def test_run_sinks_carry_the_trackers(tmp_path):
     for s in sinks:
         if isinstance(s, tr.TrackerSink):
             s.close(True)
+
+
+@pytest.mark.parametrize("env, words", [
+    ({"WANDB_MODE": "ofline"}, "WANDB_MODE='ofline' is not a W&B mode"),
+    ({"MLFLOW_TRACKING_URI": "mlflow.mlops:5000"}, None),  # a scheme-like prefix: MLflow's call
+    ({"MLFLOW_TRACKING_URI": "mlruns"}, "MLFLOW_TRACKING_URI='mlruns' is not a tracking URI"),
+])
+def test_bad_tracker_values_are_one_line_before_anything_starts(env, words):
+    if words is None:
+        tr.check_values(env)
+        return
+    with pytest.raises(UsageError) as e:
+        tr.check_installed(env, lambda module: object())
+    assert words in str(e.value) and "\n" not in str(e.value) and e.value.exit_code == 2
+
+
+def test_python_m_training_exits_2_with_one_line_for_a_bad_tracker_value(storage):
+    """The entrypoint itself: nothing started, nothing written, exit 2."""
+    env = {**os.environ, "WANDB_MODE": "sometimes"}
+    proc = subprocess.run([sys.executable, "-m", "training", "--name", "demo", "--storage-path",
+                           str(storage), "--model", "tiny", "--tokenizer", "byte"],
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stderr.strip().count("\n") == 0 and "WANDB_MODE" in proc.stderr
+    assert not (storage / "demo").exists()
