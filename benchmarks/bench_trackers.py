@@ -41,6 +41,9 @@ def emitter_process(run_dir: str, environ, events: "mp.Queue", out: "mp.Queue") 
         sinks.append(TrackerSink(run_dir, {**os.environ, **environ}, []))
     em = Emitter(sinks, [])
     em.emit("run_started", run_name="bench", num_workers=1, storage_path=run_dir)
+    for sink in sinks[1:]:  # steady state: imports, the MLflow run, wandb.init are start-up
+        for worker in sink.workers:
+            worker.opened.wait(300)
     out.put("ready")
     cpu0 = None
     while True:

@@ -275,7 +275,14 @@ class Backend:
         """The last step of each metric the backend holds; None: it cannot say."""
         return None
 
+    #: Seconds between calls: a network backend sends the points of that time in one call.
+    min_interval = 0.0
+
     def log(self, step: int, values: Mapping[str, float]) -> None: ...
+
+    def log_many(self, points: list[tuple[int, dict[str, float]]]) -> None:
+        for step, values in points:
+            self.log(step, values)
 
     def artifact(self, local_dir: str) -> None: ...
 
@@ -405,6 +412,7 @@ class Mlflow(Backend):
     """One MLflow run per submitter run (its id in `<run>/mlflow.json`), resumed after restarts."""
 
     name = "mlflow"
+    min_interval = 5.0
 
     def open(self, run: RunInfo) -> None:
         from mlflow.tracking import MlflowClient
@@ -437,11 +445,15 @@ class Mlflow(Backend):
         return out
 
     def log(self, step: int, values: Mapping[str, float]) -> None:
+        self.log_many([(step, dict(values))])
+
+    def log_many(self, points: list[tuple[int, dict[str, float]]]) -> None:
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
-        self.client.log_batch(self.run_id, metrics=[Metric(k, v, now, step)
-                                                    for k, v in values.items()])
+        metrics = [Metric(k, v, now, step) for step, values in points for k, v in values.items()]
+        for i in range(0, len(metrics), 1000):  # log_batch's limit
+            self.client.log_batch(self.run_id, metrics=metrics[i:i + 1000])
 
     def artifact(self, local_dir: str) -> None:
         self.client.log_artifacts(self.run_id, local_dir, artifact_path="model")
@@ -514,6 +526,7 @@ class Worker:
         self.queue: "queue.Queue[tuple[str, Any]]" = queue.Queue()
         self.failing: Optional[float] = None
         self.closing = threading.Event()
+        self.opened = threading.Event()  # the backend is open and caught up with the history
         self.dropped = 0
         self.gave_up = False
         self.deadline = self.closed_at = float("inf")
@@ -570,16 +583,28 @@ class Worker:
             return
         last: dict[str, int] = {}
         self._call(lambda: last.update(_known_last(b, self.history)))
-        for step, values in self.history:  # what the backend lacks of the run so far
-            fresh = new_values(step, values, last)
-            if fresh:
-                self._call(b.log, step, fresh)
+        # what the backend lacks of the run so far
+        self._log([(step, new_values(step, values, last)) for step, values in self.history])
+        self.opened.set()
+        pending: Optional[tuple[str, Any]] = None
+        sent = float("-inf")
         while True:
-            op, arg = self.queue.get()
-            if op == "log":
-                fresh = new_values(arg[0], arg[1], last)
-                if fresh:
-                    self._call(b.log, arg[0], fresh)
+            op, arg = pending or self.queue.get()
+            pending = None
+            if op == "log":  # with the points that come within the backend's min_interval
+                points = [arg]
+                while True:
+                    wait = sent + b.min_interval - time.monotonic()
+                    try:
+                        nxt = self.queue.get(timeout=wait) if wait > 0 else self.queue.get_nowait()
+                    except queue.Empty:
+                        break
+                    if nxt[0] != "log":
+                        pending = nxt
+                        break
+                    points.append(nxt[1])
+                self._log([(step, new_values(step, values, last)) for step, values in points])
+                sent = time.monotonic()
             elif op == "artifact":
                 self._call(b.artifact, arg)
             elif op == "flush":
@@ -587,6 +612,11 @@ class Worker:
             elif op == "close":
                 self._call(b.close, arg)
                 return
+
+    def _log(self, points: list[tuple[int, dict[str, float]]]) -> None:
+        points = [(step, values) for step, values in points if values]
+        if points:
+            self._call(self.backend.log_many, points)
 
 
 def _known_last(backend: Backend, history: list[tuple[int, dict[str, float]]]) -> dict[str, int]:
