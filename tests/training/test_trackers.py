@@ -18,6 +18,7 @@ from submitter.contract.errors import UsageError
 from training import trackers as tr
 from tests.support.s3 import _free_port
 from tests.support.tensorboard import scalars as _scalars
+from tests.training.test_parallel import _model, one_rank_group  # noqa: F401 - a fixture
 from training.emitter import Emitter, events_sink, run_sinks
 
 FAST = (0.05, 0.1, 0.2)
@@ -423,3 +424,19 @@ def test_python_m_training_exits_2_with_one_line_for_a_bad_tracker_value(storage
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert proc.stderr.strip().count("\n") == 0 and "WANDB_MODE" in proc.stderr
     assert not (storage / "demo").exists()
+
+
+def test_the_grad_norm_reads_as_a_float_under_fsdp_and_plain(one_rank_group):
+    """What the loop puts in progress events: FSDP2's norm is a DTensor (its full value)."""
+    import torch
+
+    from training.loop import _norm_value
+    from training.parallel import shard_fsdp
+    from training.precision import choose_precision
+
+    assert _norm_value(None) is None
+    for model in (_model(), shard_fsdp(_model(), choose_precision("fp32", "cpu", False))):
+        x = torch.randint(0, 256, (2, 32))
+        model(input_ids=x, labels=x).loss.backward()
+        norm = _norm_value(torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0))
+        assert isinstance(norm, float) and 0 < norm < 100
