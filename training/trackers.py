@@ -30,7 +30,6 @@ import json
 import logging
 import os
 import queue
-import re
 import shutil
 import struct
 import tempfile
@@ -40,6 +39,7 @@ import uuid
 from typing import Any, Callable, Iterable, Mapping, Optional
 
 from submitter.contract.errors import UsageError
+from submitter.contract.tracking import tracker_env_problem
 from training.object_store import split_uri
 from training.run_identity import RUN_FILE, is_local, join, read_json
 
@@ -91,21 +91,11 @@ _PACKAGES = {"tensorboard": ("tensorboardX", "pip install 'submitter[train]'", N
              "wandb": ("wandb", "pip install 'submitter[wandb]'", "WANDB_API_KEY or WANDB_MODE")}
 
 
-#: W&B's modes (`dryrun` and `run` are its older names for offline and online).
-WANDB_MODES = ("online", "offline", "disabled", "shared", "dryrun", "run")
-_URI = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*:|/)")
-
-
 def check_values(environ: Mapping[str, str]) -> None:
     """The trackers' variables that can be wrong before anything starts (UsageError, exit 2)."""
-    mode = environ.get("WANDB_MODE")
-    if mode is not None and mode not in WANDB_MODES:
-        raise UsageError(f"WANDB_MODE={mode!r} is not a W&B mode: use one of "
-                         f"{', '.join(WANDB_MODES[:4])}")
-    uri = environ.get("MLFLOW_TRACKING_URI")
-    if uri is not None and uri.strip() and not _URI.match(uri.strip()):
-        raise UsageError(f"MLFLOW_TRACKING_URI={uri!r} is not a tracking URI: use e.g. "
-                         "http://mlflow.mlops:5000, sqlite:////mnt/mlflow.db or file:/mnt/mlruns")
+    problem = tracker_env_problem(environ)
+    if problem:
+        raise UsageError(problem)
 
 
 def check_installed(environ: Mapping[str, str],

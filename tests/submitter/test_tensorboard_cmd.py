@@ -67,3 +67,11 @@ def test_tracker_variables_that_are_not_secrets_pass_through_env(runner):
                              "--env", "WANDB_MODE=offline", "-o", "json"])
     assert r.exit_code == 0, r.output
     assert "http://mlflow:5000" in r.output
+
+
+@pytest.mark.parametrize("pair, words", [("WANDB_MODE=ofline", "is not a W&B mode"),
+                                         ("MLFLOW_TRACKING_URI=mlruns", "is not a tracking URI")])
+def test_bad_tracker_values_in_env_exit_2_with_one_line(runner, pair, words):
+    r = runner.invoke(main, ["render", "--name", "demo", "--storage-path", "s3://b/runs",
+                             "--env", pair])
+    assert r.exit_code == 2 and r.output.count("\n") == 1 and words in r.output, r.output
