@@ -709,5 +709,8 @@ class TrackerSink:
             if not w.close(ok, max(0.0, deadline - time.monotonic())):
                 log.warning("tracker %s did not finish within %.0f s", w.backend.name,
                             self.close_timeout)
+            if w.dropped:
+                log.warning("tracker %s was down long enough to drop %d metric points",
+                            w.backend.name, w.dropped)
         if getattr(self, "_temp_export", None):
             shutil.rmtree(self._temp_export, ignore_errors=True)
