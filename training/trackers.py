@@ -305,6 +305,7 @@ class TensorBoard(Backend):
         self.upload_every, self.clock = upload_every, clock
         self.writer: Any = None
         self._uploaded: Optional[float] = None
+        self._added: dict[str, int] = {}
 
     def open(self, run: RunInfo) -> None:
         from tensorboardX import SummaryWriter
@@ -332,7 +333,9 @@ class TensorBoard(Backend):
 
     def log(self, step: int, values: Mapping[str, float]) -> None:
         for tag, value in values.items():
-            self.writer.add_scalar(tag, value, step)
+            if step > self._added.get(tag, -1):  # a retry after a failed upload adds nothing twice
+                self.writer.add_scalar(tag, value, step)
+                self._added[tag] = step
         if not is_local(self.remote) and (self._uploaded is None or
                                           self.clock() - self._uploaded >= self.upload_every):
             self.flush()
