@@ -40,7 +40,7 @@ USER 1000:100
 RUN pip install --no-cache-dir --index-url "https://download.pytorch.org/whl/${TORCH_CUDA}" "torch==${TORCH_VERSION}"
 COPY --from=wheel /wheels /tmp/wheels
 RUN pip install --no-cache-dir "$(ls /tmp/wheels/*.whl)[train]" \
- && python -c "import training, submitter, torch, ray; print(ray.__version__, torch.__version__, torch.version.cuda)" \
+ && python -c "import training, submitter, torch, ray, tensorboard, tensorboardX; print(ray.__version__, torch.__version__, torch.version.cuda)" \
  && test -n "$(python -c 'import torch; print(torch.version.cuda or "")')"
 COPY --from=bpe /out/gpt2.tiktoken /opt/submitter/gpt2.tiktoken
 ENV PYTHONUNBUFFERED=1 SUBMITTER_GPT2_BPE=/opt/submitter/gpt2.tiktoken
@@ -53,7 +53,7 @@ USER 1000:100
 RUN pip install --no-cache-dir --index-url https://download.pytorch.org/whl/cpu "torch==${TORCH_VERSION}"
 COPY --from=wheel /wheels /tmp/wheels
 RUN pip install --no-cache-dir "$(ls /tmp/wheels/*.whl)[train]" \
- && python -c "import training, submitter, torch, ray; print(ray.__version__, torch.__version__)"
+ && python -c "import training, submitter, torch, ray, tensorboard, tensorboardX; print(ray.__version__, torch.__version__)"
 COPY --from=bpe /out/gpt2.tiktoken /opt/submitter/gpt2.tiktoken
 ENV PYTHONUNBUFFERED=1 SUBMITTER_GPT2_BPE=/opt/submitter/gpt2.tiktoken
 WORKDIR /home/ray

@@ -22,17 +22,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-#: Dense bf16/fp16 tensor-core peaks (TFLOP/s) by device-name fragment (vendor data sheets).
-PEAKS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "A10G": 125.0, "L4": 121.0,
-         "A10": 125.0, "T4": 65.0, "V100": 125.0, "RTX 4090": 165.0, "RTX 3090": 71.0}
+from training.trackers import peak_tflops  # noqa: E402 - the table the trackers' MFU uses
+
 GPT2_VOCAB, GPT2_EOT = 50257, 50256
-
-
-def peak_tflops(name: str) -> float | None:
-    for key, value in PEAKS.items():
-        if key in name:
-            return value
-    return None
 
 
 def _init() -> None:

@@ -362,6 +362,46 @@ def report(name: str, storage_path: str | None, namespace: str | None, output_di
 
 
 @main.command()
+@click.argument("name", shell_complete=_complete_job_names)
+@click.option("--storage-path", metavar="PATH",
+              help="the run's storage path: a bucket URI or a PVC path [default: ./runs, a "
+                   "`submit --local` run]")
+@click.option("-n", "--namespace", default=None,
+              help="namespace of a cluster run: its files are in <storage>/<namespace>/<name>")
+@click.option("--port", default=6006, show_default=True, type=click.IntRange(1, 65535))
+@click.option("--print", "print_only", is_flag=True, help="print the command, do not run it")
+def tensorboard(name: str, storage_path: str | None, namespace: str | None, port: int,
+                print_only: bool) -> None:
+    """Serve a run's TensorBoard curves (loss, val loss, LR, tokens/s, data wait, grad norm,
+    workers; the settings as text and hparams). Every run writes them to <run>/tensorboard/.
+
+    A local run or a bucket is served from here with `tensorboard --logdir`; a run on a PVC
+    gets the two kubectl lines that serve it from the job's head pod.
+
+    \b
+    Examples:
+      submitter tensorboard gpt2-local                              # ./runs/gpt2-local
+      submitter tensorboard gpt2-demo -n team-a --storage-path s3://bucket/runs
+      submitter tensorboard gpt2-demo -n team-a --storage-path /mnt/checkpoints --print
+    """
+    import os
+    import shutil
+
+    from submitter.tensorboard_cmd import PIP_LINE, board
+
+    JobSpec.build(name=name)  # the name is checked like everywhere else (exit 2)
+    plan = board(name, storage_path, namespace, port, os.getcwd())
+    if print_only or plan.argv is None:
+        click.echo("\n".join(plan.lines))
+        return
+    if shutil.which("tensorboard") is None:
+        click.echo(plan.lines[0])
+        raise UsageError(f"tensorboard is not installed here: {PIP_LINE}")
+    click.echo(f"serving {plan.logdir} on http://localhost:{port}/", err=True)
+    os.execvp(plan.argv[0], plan.argv)
+
+
+@main.command()
 @click.argument("name")
 @click.option("--storage-path", required=True, help="the run's storage path (a directory)")
 @click.option("-n", "--namespace", default=None,

@@ -44,6 +44,11 @@ def describe(event: Mapping[str, Any]) -> Optional[str]:
         return f"FAILED: {event['error']}"
     if t == "run_finished":
         return "training finished"
+    if t == "tracker_failed":
+        return (f"tracker {event['tracker']} failed ({event['error']}); training goes on, "
+                "retrying with backoff")
+    if t == "tracker_recovered":
+        return f"tracker {event['tracker']} is back (down {fmt(event.get('down_s'), '.0f')} s), catching up"
     return None
 
 

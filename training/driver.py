@@ -195,6 +195,9 @@ def run(cfg: TrainConfig, *, on_event: OnEvent, notice: Notice = print,
     failure (the outcome says it). The storage was checked by `prepare_run`; a run directory
     that is locked, holds another run or a finished one raises UsageError before Ray starts."""
     quiet_logs()
+    from training.trackers import check_installed
+
+    check_installed(os.environ)  # MLflow/W&B asked for and not installed: exit 2, nothing started
     claim = claim_run_dir(cfg, notice)
     try:
         return _run_claimed(cfg, claim, on_event, notice, poll_seconds)

@@ -18,6 +18,7 @@ import dataclasses
 import json
 import logging
 import os
+import threading
 from typing import Any, Callable, Mapping, Optional, Protocol
 
 from submitter.contract import events as ev
@@ -95,8 +96,16 @@ class Emitter:
         self.seq = _last_seq(history)
         self.session: list[dict[str, Any]] = []
         self.starts = 0
+        self._lock = threading.RLock()  # the trackers' thread emits too (training.trackers)
+        for sink in self.sinks:
+            if hasattr(sink, "bind"):
+                sink.bind(self.emit)
 
     def emit(self, etype: str, **fields: Any) -> dict[str, Any]:
+        with self._lock:
+            return self._emit(etype, **fields)
+
+    def _emit(self, etype: str, **fields: Any) -> dict[str, Any]:
         self.seq += 1
         event = ev.make_event(etype, time=self.clock(), seq=self.seq, **_finite(fields))
         self.state = ev.apply(self.state, event)
@@ -182,6 +191,10 @@ def run_sinks(run_dir: Optional[str],
             history = cm_history
         cm.continue_from(history)
         sinks.append(cm)
+    if run_dir is not None:  # TensorBoard always; MLflow, W&B by their variables
+        from training.trackers import TrackerSink
+
+        sinks.append(TrackerSink(run_dir, {**os.environ, **environ}, history))
     return sinks, history
 
 

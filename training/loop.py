@@ -96,6 +96,14 @@ def _all_mean(values: list[float], device: Any) -> list[float]:
     return (t / dist.get_world_size()).tolist()
 
 
+def _norm_value(norm: Any) -> Optional[float]:
+    """A gradient norm as a float (FSDP's is a DTensor: its full value), None if none yet."""
+    if norm is None:
+        return None
+    norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+    return round(float(norm), 5)
+
+
 class Prefetched:
     """An iterator whose first item is fetched at once in a background thread, so that the
     source (a Ray Data pipeline: processes to start, blocks to read and tokenize) warms up
@@ -262,7 +270,7 @@ def train_func(loop_config: dict[str, Any]) -> None:
 
     def step_once(micro: list[dict[str, Any]]) -> Any:
         """One optimizer step over `accum` micro-batches; the mean loss, on the device."""
-        nonlocal step, last_lr
+        nonlocal step, last_lr, grad_norm
         last_lr = plan.apply(optimizer, cfg.learning_rate, step)
         step_loss = torch.zeros((), device=device)
         for k, batch in enumerate(micro):
@@ -279,8 +287,8 @@ def train_func(loop_config: dict[str, Any]) -> None:
             step_loss += loss.detach().float()
         if scaler is not None:
             scaler.unscale_(optimizer)  # the clip must see the true gradient norm
-        if cfg.grad_clip:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        if cfg.grad_clip:  # the norm before clipping, read with the progress window's sync
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         if scaler is not None:
             scaler.step(optimizer)
             scaler.update()
@@ -292,6 +300,7 @@ def train_func(loop_config: dict[str, Any]) -> None:
 
     # --- the loop ------------------------------------------------------------------------
     last_lr = cfg.learning_rate * plan.factor(step)
+    grad_norm: Any = None  # the last step's (a tensor on the device; training.trackers logs it)
     tokens_per_step = cfg.batch_size_per_worker * block * world * accum
     model.train()
     optimizer.zero_grad(set_to_none=True)
@@ -342,7 +351,8 @@ def train_func(loop_config: dict[str, Any]) -> None:
                        if first_step else {})
                 events.emit("progress", epoch=epoch + 1, step=step, loss=round(mean_loss, 5),
                             tokens_per_sec=round(tokens_per_step * window_steps / elapsed, 1),
-                            data_wait_fraction=round(wait_fraction, 4), lr=last_lr, **how)
+                            data_wait_fraction=round(wait_fraction, 4), lr=last_lr,
+                            grad_norm=_norm_value(grad_norm), **how)
                 window_loss.zero_()
                 window_steps, window_start, window_wait = 0, time.perf_counter(), 0.0
                 first_step = False

@@ -34,6 +34,10 @@ REQUIRED: dict[str, frozenset[str]] = {
     "run_resumed": frozenset({"resumed_from", "epoch", "step"}),
     "run_finished": frozenset(),
     "run_failed": frozenset({"error"}),
+    # a metrics tracker (tensorboard, mlflow, wandb) failed: training goes on, it is retried
+    # with backoff; tracker_recovered says it caught up (down_s: seconds it was failing)
+    "tracker_failed": frozenset({"tracker", "error"}),
+    "tracker_recovered": frozenset({"tracker"}),
 }
 EVENT_TYPES = tuple(REQUIRED)
 #: Fields some events carry besides the required ones (consumers treat all as optional).
@@ -57,6 +61,7 @@ OPTIONAL: dict[str, frozenset[str]] = {
                                "export_dir", "sample_prompt", "sample", "export_error"}),
     # reason: preemption when the driver got SIGTERM (the run is retryable)
     "run_failed": frozenset({"reason"}),
+    "tracker_recovered": frozenset({"down_s"}),
 }
 
 

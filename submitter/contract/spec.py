@@ -25,6 +25,7 @@ from typing import Any, Callable, Mapping, Optional
 from submitter.contract.errors import SpecError
 from submitter.contract.naming import OFFLINE_DATASET, RESERVED_ENV_PREFIX
 from submitter.contract.storage import pod_file_schema, storage_path_schema
+from submitter.contract.tracking import tracker_env_problem
 
 #: The Ray version the image and `rayClusterSpec.rayVersion` are built for.
 RAY_VERSION = "2.60.0"
@@ -318,7 +319,7 @@ def _plain_env(v: dict) -> str | None:
             return (f"{key} looks like a credential, which --env would write in plain text into "
                     f"the RayJob; put it in a Secret and use --secret-env {key}=SECRET:KEY "
                     "(or --env-from-secret SECRET)")
-    return None
+    return tracker_env_problem(v)  # WANDB_MODE, MLFLOW_TRACKING_URI (submitter.contract.tracking)
 
 
 def _reserved_key(key: str) -> bool:

@@ -10,6 +10,8 @@ from types import SimpleNamespace
 
 import pytest
 
+from tests.support import tensorboard
+
 from submitter.contract.errors import SpecError, StoragePolicyError, UsageError
 from submitter import local
 from submitter.local import (JsonView, PlainView, describe, local_spec, local_storage_path,
@@ -217,12 +219,14 @@ def test_without_the_training_stack_local_exits_2_with_the_pip_command(runner, m
 
 
 @pytest.mark.slow
-def test_submit_local_runs_end_to_end_offline(storage, tmp_path):
+def test_submit_local_runs_end_to_end_offline(storage, tmp_path, monkeypatch):
     """The README's main command, shortened (offline corpus, byte tokenizer, 2 CPU workers), as
     a user runs it: the CLI process imports neither ray nor torch nor transformers."""
     import subprocess
 
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    # the trackers by their own variables: MLflow (a file store), W&B offline; TensorBoard always
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "MLFLOW_TRACKING_URI": f"file:{tmp_path}/mlruns",
+           "MLFLOW_ALLOW_FILE_STORE": "true", "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
     proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "submitter", "submit",
                            "--local", "--storage-path", str(storage), "--name", "cli-run",
                            "--epochs", "2", "--max-steps-per-epoch", "15"],
@@ -243,3 +247,20 @@ def test_submit_local_runs_end_to_end_offline(storage, tmp_path):
     assert events[0]["type"] == "run_started" and events[-1]["type"] == "run_finished"
     losses = [e["loss"] for e in events if e["type"] == "progress"]
     assert losses[0] > losses[-1]
+    assert not [e for e in events if e["type"] == "tracker_failed"]
+    # TensorBoard under the run directory, every progress step once
+    progress_steps = [e["step"] for e in events if e["type"] == "progress"]
+    assert tensorboard.steps(str(run_dir / "tensorboard")) == progress_steps
+    assert tensorboard.steps(str(run_dir / "tensorboard"), "val/loss") == [15, 30]
+    # MLflow: one run with the metrics and the exported model
+    from mlflow.tracking import MlflowClient
+
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    client = MlflowClient(tracking_uri=f"file:{tmp_path}/mlruns")
+    run_id = json.loads((run_dir / "mlflow.json").read_text())["run_id"]
+    assert [m.step for m in client.get_metric_history(run_id, "train/loss")] == progress_steps
+    assert client.get_run(run_id).info.status == "FINISHED"
+    assert "model/config.json" in [a.path for a in client.list_artifacts(run_id, "model")]
+    # W&B: the offline run in the run directory
+    wandb_id = json.loads((run_dir / "wandb.json").read_text())["id"]
+    assert list(run_dir.glob(f"wandb/offline-run-*/run-{wandb_id}.wandb"))

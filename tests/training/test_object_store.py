@@ -152,6 +152,8 @@ def test_submit_local_trains_into_a_bucket(s3_server, storage):
     keys = s3_server.list("bkt/runs/s3local")
     assert any(k.endswith("s3local/run.json") for k in keys), keys
     assert any(k.endswith("s3local/model/model.safetensors") for k in keys), keys
+    # TensorBoard's event files, uploaded beside them
+    assert any("s3local/tensorboard/events.out.tfevents." in k for k in keys), keys
     assert printed[-1]["export_dir"] == "s3://bkt/runs/s3local/model" and printed[-1]["sample"]
 
 

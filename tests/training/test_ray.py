@@ -19,6 +19,7 @@ from typing import Any, Callable
 import pytest
 
 from tests.conftest import ROOT, shared_file
+from tests.support import tensorboard
 from submitter.contract import events as ev
 from submitter.contract import naming
 from training.args import parse_args
@@ -235,6 +236,8 @@ def test_a_killed_worker_restarts_the_group_from_the_last_checkpoint(storage, fr
     assert events[-1]["type"] == "run_finished" and events[-1]["step"] == 3 * steps
     assert outcome.state.restarts == 1 and outcome.state.status == "finished"
     assert killed[0] not in _pids_with_title("ray::RayTrainWorker")
+    # TensorBoard's curve: the steps redone after the restore are there once, none missing
+    assert tensorboard.steps(str(storage / "ft" / "tensorboard")) == list(range(1, 3 * steps + 1))
 
 
 def test_a_stopped_run_continues_with_the_same_next_step_loss(storage, fresh_ray):
@@ -290,6 +293,12 @@ def test_a_stopped_run_continues_with_the_same_next_step_loss(storage, fresh_ray
     assert all(later[s] == straight[s] for s in later)
     assert [e["seq"] for e in events] == list(range(1, len(events) + 1))  # seq continued
     assert events[-1]["type"] == "run_finished" and events[-1]["step"] == 24
+    # TensorBoard: the killed driver's unflushed points come back from its events, the redone
+    # steps are written once (the first run's values)
+    logdir = storage / "stopped" / "tensorboard"
+    curve = tensorboard.scalars(str(logdir))["train/loss"]
+    assert [s for s, _ in curve] == list(range(1, 25))
+    assert all(v == pytest.approx(straight[s], abs=1e-4) for s, v in curve)
 
 
 def test_sigterm_to_a_worker_checkpoints_and_the_retry_redoes_at_most_one_step(storage, fresh_ray):
