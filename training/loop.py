@@ -149,7 +149,7 @@ def train_func(loop_config: dict[str, Any]) -> None:
     events = _Events(loop_config.get("hub"), rank)
     device = ray.train.torch.get_device()
     precision = precision_here(cfg.precision, device)
-    accum = accumulation_steps(cfg.global_batch_size, world, cfg.batch_size_per_worker)
+    accum = accumulation_steps(cfg.resolved_global_batch_size, world, cfg.micro_batch_size)
 
     def autocast() -> Any:
         return precision.autocast(device.type)
@@ -166,8 +166,8 @@ def train_func(loop_config: dict[str, Any]) -> None:
 
     def epoch_batches(epoch: int) -> Iterator[dict[str, Any]]:
         return iter(train_shard.iter_batches(
-            batch_size=cfg.batch_size_per_worker, drop_last=True, batch_format="numpy",
-            local_shuffle_buffer_size=cfg.batch_size_per_worker * SHUFFLE_BATCHES,
+            batch_size=cfg.micro_batch_size, drop_last=True, batch_format="numpy",
+            local_shuffle_buffer_size=cfg.micro_batch_size * SHUFFLE_BATCHES,
             local_shuffle_seed=shuffle_seed(cfg.seed, epoch, rank)))
 
     # The data pipeline starts now and fills while the model is built (start-up, issue #12).
@@ -203,7 +203,7 @@ def train_func(loop_config: dict[str, Any]) -> None:
                         MIN_LR_RATIO)
     # this group's size and its optimizer step (training.elastic: the emitter tells a resize)
     events.started(resumed_from, epoch=start_epoch + 1, step=step,
-                   **group_batch(cfg.global_batch_size, world, cfg.batch_size_per_worker, block))
+                   **group_batch(cfg.resolved_global_batch_size, world, cfg.micro_batch_size, block))
 
     def save(metrics: dict[str, Any], epoch: int, step_in_epoch: int, epoch_done: bool) -> None:
         """All ranks: gather the full state (a collective under FSDP); rank 0 writes it."""
@@ -240,7 +240,7 @@ def train_func(loop_config: dict[str, Any]) -> None:
         total, count = torch.zeros((), device=device, dtype=torch.float64), 0
         with torch.no_grad(), autocast():
             for i, batch in enumerate(shard.iter_batches(
-                    batch_size=cfg.batch_size_per_worker, drop_last=True, batch_format="numpy")):
+                    batch_size=cfg.micro_batch_size, drop_last=True, batch_format="numpy")):
                 if cfg.val_steps and i >= cfg.val_steps:
                     break
                 x = to_device(batch)
@@ -282,7 +282,7 @@ def train_func(loop_config: dict[str, Any]) -> None:
 
     # --- the loop ------------------------------------------------------------------------
     last_lr = cfg.learning_rate * plan.factor(step)
-    tokens_per_step = cfg.batch_size_per_worker * block * world * accum
+    tokens_per_step = cfg.micro_batch_size * block * world * accum
     model.train()
     optimizer.zero_grad(set_to_none=True)
     first_step = True  # report the first step of every start (time to first/resumed step)

@@ -90,7 +90,7 @@ PARITY = {
     "storage-class": dict(name="nfs-demo", storage_class="nfs-client", storage_size="2Ti"),
     "namespace": dict(name="ns-demo", namespace="team-a"),
     "everything-set": dict(
-        name="full", namespace="ml", replicas=4, gpu_per_pod=2, cpu_per_pod="2500m",
+        name="full", namespace="ml", replicas=4, gpu_per_pod=2, cpu_per_pod="4500m",
         memory_per_pod="2.5Gi", head_cpu="1", head_memory="2Gi", image="reg.io/team/img:1.2",
         image_pull_policy="Always", env={"WANDB_MODE": "offline", "A_B": 'x: "y"\n- z <&>'},
         storage_path="/mnt/ckpt/./runs/../runs/", storage_mount="/mnt/ckpt/", storage_size="5Gi",
@@ -453,7 +453,7 @@ PAIRS = [{"fsdp": True, "gpuPerPod": 1}, {"fsdp": True, "gpuPerPod": 0},
          {"fsdp": False, "gpuPerPod": 0}]
 #: The other rules across fields: CPUs that fit the pod's workers, a GPU type needs GPUs.
 CROSS = [{"gpuPerPod": 3, "cpuPerPod": "4"}, {"gpuPerPod": 4, "cpuPerPod": "4"},
-         {"gpuPerPod": 8, "cpuPerPod": "8500m"}, {"gpuPerPod": 8, "cpuPerPod": "8"},
+         {"gpuPerPod": 8, "cpuPerPod": "15500m"}, {"gpuPerPod": 8, "cpuPerPod": "15"},
          {"gpuType": "T4", "gpuPerPod": 0}, {"gpuType": "T4", "gpuPerPod": 1},
          # a global batch every group size of --replicas reaches (2:3 x 8: 48) or not (16)
          {"replicas": "2:3", "globalBatchSize": 48}, {"replicas": "2:3", "globalBatchSize": 16}]
