@@ -5,8 +5,9 @@ a mid-epoch checkpoint already covered) -> validation -> checkpoint (model, opti
 LR plan, epoch, step, config) with `ray.train.report`. Rank 0 sends the status events to the
 run's emitter actor (see training.emitter). No code path exists only for tests.
 
-A step is one optimizer step: `accumulation` micro-batches per worker (`--global-batch-size`),
-DDP's gradient all-reduce only on the last (`no_sync`). Per step nothing waits for the GPU:
+A step is one optimizer step: `accumulation` micro-batches per worker (the job's resolved
+global batch: ~0.5 M tokens on GPUs, submitter.contract.batch), gradients communicated only on
+the last (training.parallel.gradient_sync: DDP `no_sync`, FSDP2 `set_requires_gradient_sync`). Per step nothing waits for the GPU:
 the loss is summed on the device and read (`.item()`, one all-reduce) every `progress_every`
 steps. Batches arrive as NumPy from Ray Data and are copied to the device only when used, so
 the batches a resume skips never leave the host. Every epoch's data order is shuffled by a
@@ -18,7 +19,6 @@ of that time the step loop waited for data.
 
 from __future__ import annotations
 
-import contextlib
 import tempfile
 import threading
 import time
@@ -139,7 +139,7 @@ def train_func(loop_config: dict[str, Any]) -> None:
     from submitter.contract.spec import accumulation_steps
     from training.elastic import group_batch
     from training.model import BETAS, MIN_LR_RATIO, build_model, build_optimizer, gpt2_config
-    from training.parallel import is_fsdp, unwrapped, wrap_model
+    from training.parallel import gradient_sync, is_fsdp, unwrapped, wrap_model
     from training.precision import make_scaler, precision_here
     from training.schedule import resumed_plan
 
@@ -257,10 +257,7 @@ def train_func(loop_config: dict[str, Any]) -> None:
         step_loss = torch.zeros((), device=device)
         for k, batch in enumerate(micro):
             x = to_device(batch)
-            last = k == len(micro) - 1
-            sync = contextlib.nullcontext() if last or not hasattr(model, "no_sync") \
-                else model.no_sync()
-            with sync:
+            with gradient_sync(model, sync=k == len(micro) - 1):  # one all-reduce a step
                 with autocast():
                     loss = model(input_ids=x, labels=x).loss
                     if accum > 1:

@@ -57,7 +57,7 @@ def gpu_memory_gib(gpu_type: Optional[str]) -> float:
     assumed smallest card."""
     if not gpu_type:
         return ASSUMED_GPU_MEMORY_GIB
-    spelled = re.search(r"(\d+)\s*G[Bi]?B?\b", gpu_type, re.IGNORECASE)
+    spelled = re.search(r"(\d+)\s*Gi?B\b", gpu_type, re.IGNORECASE)
     if spelled and int(spelled[1]) >= 4:
         return float(spelled[1])
     upper = gpu_type.upper()

@@ -257,9 +257,10 @@ _specs = st.fixed_dictionaries({
         lambda key: not key.startswith("SUBMITTER_")), st.sampled_from(["s:k", "a.b:c-d"]), max_size=2),
 }).filter(lambda d: (d["gpu_per_pod"] > 0 or not d["fsdp"])  # FSDP needs GPUs
           and (d["gpu_per_pod"] > 0 or d["gpu_type"] is None)  # a GPU type needs GPUs
-          # a CPU per Ray Train worker, plus one for Ray Data (Ray counts the limit rounded up)
+          # a CPU per Ray Train worker, plus one per GPU (at least one) for Ray Data (Ray counts
+          # the limit rounded up)
           and -(-int(d["cpu_per_pod"].rstrip("m")) // (1000 if d["cpu_per_pod"].endswith("m") else 1))
-          >= max(d["gpu_per_pod"], 1) + 1
+          >= max(d["gpu_per_pod"], 1) + max(d["gpu_per_pod"], 1)
           # memory for the pod's workers beside Ray's object store
           and memory_problem(d.get("model", "gpt2-small"), max(d["gpu_per_pod"], 1),
                              d["memory_per_pod"], d.get("head_memory", "8Gi")) is None)
@@ -437,6 +438,7 @@ PROBES: dict[str, list[Any]] = {
     "replicas": [1, 8, 10_000, 10_001, 0, -1, "8", "2:8", "8:2", "1:10000", "1:10001", "0:2",
                  "1:", ":2", "1:2:3", " 1:2", "1 :2", "\u0664", "2.5", 2.5, True],
     "global_batch_size": [None, 1, 16, 48, 2**31 - 1, 0, -1, 2**31, 1.5],
+    "checkpoint_interval": [None, 0, 0.5, 30, "30", 10_080, 10_080.5, -1, "x", 1e300],
     "cpu_per_pod": ["4", "500m", "0.5", ".5", "1.5Gi", 4, "four", "4 ", "-1", "1e3", "", "0",
                     "0m", 0, "\u0664", "2", "1", "1001m", "2000m"],
     "precision": ["auto", "bf16", "fp16", "fp32", "fp8", ""],
