@@ -42,8 +42,9 @@ OPTIONAL: dict[str, frozenset[str]] = {
     "run_started": frozenset({"run_dir", "model", "params", "tokenizer", "data", "epochs",
                               "steps_per_epoch", "block_size", "batch_size_per_worker"}),
     # sent by Ray Train's controller once the checkpoint is registered (what a resume uses):
-    # registered is true; reason is epoch_end | interval | preemption (SIGTERM)
-    "checkpoint_saved": frozenset({"step", "val_loss", "registered", "reason"}),
+    # registered is true; reason is epoch_end | interval | preemption (SIGTERM); stall_s: the
+    # seconds training paused for it (the upload runs behind training)
+    "checkpoint_saved": frozenset({"step", "val_loss", "registered", "reason", "stall_s"}),
     # export_dir: the Hugging Face directory; sample: a greedy continuation of sample_prompt
     "run_finished": frozenset({"epoch", "step", "train_loss", "val_loss", "tokens_per_sec",
                                "checkpoint_dir", "latest_checkpoint", "best_checkpoint",
