@@ -7,9 +7,9 @@ run's emitter actor (see training.emitter). No code path exists only for tests.
 
 A step is one optimizer step: `accumulation` micro-batches per worker (the job's resolved
 global batch: ~0.5 M tokens on GPUs, submitter.contract.batch), gradients communicated only on
-the last (training.parallel.gradient_sync: DDP `no_sync`, FSDP2 `set_requires_gradient_sync`). Per step nothing waits for the GPU:
-the loss is summed on the device and read (`.item()`, one all-reduce) every `progress_every`
-steps. Batches arrive as NumPy from Ray Data and are copied to the device only when used, so
+the last (training.parallel.gradient_sync: DDP `no_sync`, FSDP2 `set_requires_gradient_sync`).
+Per step nothing waits for the GPU: the loss is summed on the device and read (`.item()`, one
+all-reduce) every `progress_every` steps. Batches arrive as NumPy from Ray Data and are copied to the device only when used, so
 the batches a resume skips never leave the host. Every epoch's data order is shuffled by a
 seeded local shuffle (seed, epoch, rank), the same on every (re)start, so a resume that skips
 k batches sees exactly the batches the interrupted run would have seen next.
