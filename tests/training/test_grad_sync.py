@@ -103,6 +103,7 @@ def _steps(per_micro: list[dict]) -> list[list[dict]]:
     return [per_micro[i:i + ACCUM] for i in range(0, len(per_micro), ACCUM)]
 
 
+@pytest.mark.slow  # two processes, each importing torch and transformers
 def test_ddp_all_reduces_every_gradient_once_per_optimizer_step(tmp_path):
     for rank in _run("ddp", tmp_path):
         for step in _steps(rank["per_micro"]):
@@ -115,6 +116,7 @@ def test_ddp_all_reduces_every_gradient_once_per_optimizer_step(tmp_path):
         assert all(1 <= s[-1]["calls"] <= 2 for s in _steps(rank["per_micro"]))
 
 
+@pytest.mark.slow  # two processes, each importing torch and transformers
 def test_fsdp2_reduce_scatters_once_per_unit_per_optimizer_step(tmp_path):
     for rank in _run("fsdp", tmp_path):
         assert rank["units"] == 3  # two GPT2Blocks and the root
