@@ -31,7 +31,8 @@ fi
 rm -rf "$WORK/runs/gpu-smoke"
 common=(--name gpu-smoke --storage-path "$WORK/runs" --allow-ephemeral-storage
         --model tiny --tokenizer byte --data "$DATA" --replicas 1 --gpu-per-pod 1
-        --max-steps-per-epoch 30 --progress-every 10 --val-steps 2)
+        --max-steps-per-epoch 30 --progress-every 10 --val-steps 2
+        --batch-size-per-worker 8 --global-batch-size 8)  # not the GPU default's 0.5 M-token steps
 (cd "$WORK" && timeout 120 python -m training "${common[@]}" --epochs 1) | tee "$WORK/run1.log" | grep -E 'run_started|progress|run_finished|run_failed|error' || true
 grep -q '"type":"run_finished"' "$WORK/run1.log" || { echo "FAIL: first run did not finish"; exit 1; }
 (cd "$WORK" && timeout 120 python -m training "${common[@]}" --epochs 2) | tee "$WORK/run2.log" | grep -E 'run_resumed|progress|run_finished|run_failed|error' || true

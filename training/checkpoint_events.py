@@ -29,6 +29,8 @@ def event_fields(metrics: dict[str, Any], checkpoint_path: str, run_uri: str) ->
             if "://" in run_uri else os.path.join(run_uri, os.path.basename(checkpoint_path)),
             "val_loss": None if reason_of(metrics) == "preemption" else metrics.get("val_loss"),
             "reason": reason_of(metrics),
+            # seconds the training loop paused for it (the state's copy into host memory)
+            **({"stall_s": metrics["stall_s"]} if "stall_s" in metrics else {}),
             "registered": True}
 
 

@@ -34,6 +34,29 @@ def plain(value: Any, where: str = "state") -> Any:
                     "cannot hold; store plain data")
 
 
+def snapshot(value: Any, device_type: str) -> Any:
+    """The state as it is now, safe to write while training goes on: on CUDA the gathered
+    state dict (cpu_offload) already holds host copies; on CPU it holds the live tensors, which
+    the next optimizer step would change under a background write, so they are cloned."""
+    if device_type != "cpu":
+        return value
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone()
+    if isinstance(value, dict):
+        return {k: snapshot(v, device_type) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(snapshot(v, device_type) for v in value)
+    return value
+
+
+def interval_due(since_last_s: float, minutes: float) -> bool:
+    """Is a timed checkpoint due: `minutes` of wall time (0 = never) since the last checkpoint
+    (JobSpec.checkpoint_minutes; a hard fault then loses at most that much, plus the upload)."""
+    return minutes > 0 and since_last_s >= minutes * 60
+
+
 def save_state(directory: str, **state: Any) -> str:
     """Write `state.pt` into `directory` (the loop's temporary checkpoint dir)."""
     import torch

@@ -344,7 +344,7 @@ def _prepare(cfg: TrainConfig, hub: Any, notice: Notice,
     steps_per_epoch = plan.steps_per_epoch
     params = expected_parameters(cfg.model, encoding.n_vocab, cfg.block_size)
     notice(f"model: {cfg.model}, {params / 1e6:.2f}M parameters, block {block}, "
-           f"{cfg.num_workers} worker(s) x batch {cfg.batch_size_per_worker}, "
+           f"{cfg.num_workers} worker(s) x batch {cfg.micro_batch_size}, "
            f"{cfg.epochs} epoch(s) x {steps_per_epoch} steps")
     resources = {"CPU": cfg.cpus_per_worker, **({"GPU": 1} if cfg.use_gpu else {})}
     trainer = TorchTrainer(
@@ -368,7 +368,7 @@ def _prepare(cfg: TrainConfig, hub: Any, notice: Notice,
     facts = {"model": cfg.model, "params": params, "tokenizer": tok_spec.describe(),
              "data": corpus.description.removeprefix("data: "), "epochs": cfg.epochs,
              "steps_per_epoch": steps_per_epoch, "block_size": block,
-             "batch_size_per_worker": cfg.batch_size_per_worker, **plan.facts,
+             "batch_size_per_worker": cfg.micro_batch_size, **plan.facts,
              **({"min_workers": cfg.job.min_train_workers} if cfg.job.elastic else {})}
     return trainer, facts
 

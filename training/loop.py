@@ -5,27 +5,34 @@ a mid-epoch checkpoint already covered) -> validation -> checkpoint (model, opti
 LR plan, epoch, step, config) with `ray.train.report`. Rank 0 sends the status events to the
 run's emitter actor (see training.emitter). No code path exists only for tests.
 
-A step is one optimizer step: `accumulation` micro-batches per worker (`--global-batch-size`),
-DDP's gradient all-reduce only on the last (`no_sync`). Per step nothing waits for the GPU:
-the loss is summed on the device and read (`.item()`, one all-reduce) every `progress_every`
-steps. Batches arrive as NumPy from Ray Data and are copied to the device only when used, so
+A step is one optimizer step: `accumulation` micro-batches per worker (the job's resolved
+global batch: ~0.5 M tokens on GPUs, submitter.contract.batch), gradients communicated only on
+the last (training.parallel.gradient_sync: DDP `no_sync`, FSDP2 `set_requires_gradient_sync`).
+Per step nothing waits for the GPU: the loss is summed on the device and read (`.item()`, one
+all-reduce) every `progress_every` steps. Batches arrive as NumPy from Ray Data and are copied to the device only when used, so
 the batches a resume skips never leave the host. Every epoch's data order is shuffled by a
 seeded local shuffle (seed, epoch, rank), the same on every (re)start, so a resume that skips
 k batches sees exactly the batches the interrupted run would have seen next.
 `tokens_per_sec` is over wall time, data waits included; `data_wait_fraction` says which part
 of that time the step loop waited for data.
+Checkpoints: at every epoch end, every `checkpoint_every` steps, and every `checkpoint_minutes`
+of wall time (30 on GPUs: what a hard fault loses at most), decided at a progress window from
+an all-reduced flag so every rank saves at the same step. Saving pauses training only for the
+state's copy into host memory (`stall_s` in checkpoint_saved); writing `state.pt` and the upload
+run in Ray Train's upload thread behind training (`CheckpointUploadMode.ASYNC` with our
+`checkpoint_upload_fn`; in order, flushed when the loop returns), except for the preemption
+checkpoint, which is uploaded before the worker leaves.
 """
 
 from __future__ import annotations
 
-import contextlib
 import tempfile
 import threading
 import time
 import zlib
 from typing import Any, Iterator, Optional
 
-from training.checkpoint_io import load_state, save_state
+from training.checkpoint_io import interval_due, load_state, save_state, snapshot
 from training.config import TrainConfig
 from training.object_store import as_uri
 from training.preempt import StepGate, leave, preemption_metrics
@@ -148,7 +155,7 @@ def train_func(loop_config: dict[str, Any]) -> None:
     from training.compiling import CompileCache, compile_enabled, compile_model, compile_seconds, counters
     from training.elastic import group_batch
     from training.model import BETAS, MIN_LR_RATIO, build_model, build_optimizer, gpt2_config
-    from training.parallel import is_fsdp, unwrapped, wrap_model
+    from training.parallel import gradient_sync, is_fsdp, unwrapped, wrap_model
     from training.precision import make_scaler, precision_here
     from training.run_identity import join
     from training.schedule import resumed_plan
@@ -159,7 +166,7 @@ def train_func(loop_config: dict[str, Any]) -> None:
     events = _Events(loop_config.get("hub"), rank)
     device = ray.train.torch.get_device()
     precision = precision_here(cfg.precision, device)
-    accum = accumulation_steps(cfg.global_batch_size, world, cfg.batch_size_per_worker)
+    accum = accumulation_steps(cfg.resolved_global_batch_size, world, cfg.micro_batch_size)
 
     def autocast() -> Any:  # FSDP2's MixedPrecisionPolicy casts instead (training.precision)
         return precision.autocast(device.type, params_cast=is_fsdp(model))
@@ -176,8 +183,8 @@ def train_func(loop_config: dict[str, Any]) -> None:
 
     def epoch_batches(epoch: int) -> Iterator[dict[str, Any]]:
         return iter(train_shard.iter_batches(
-            batch_size=cfg.batch_size_per_worker, drop_last=True, batch_format="numpy",
-            local_shuffle_buffer_size=cfg.batch_size_per_worker * SHUFFLE_BATCHES,
+            batch_size=cfg.micro_batch_size, drop_last=True, batch_format="numpy",
+            local_shuffle_buffer_size=cfg.micro_batch_size * SHUFFLE_BATCHES,
             local_shuffle_seed=shuffle_seed(cfg.seed, epoch, rank)))
 
     # The data pipeline starts now and fills while the model is built (start-up, issue #12).
@@ -221,31 +228,50 @@ def train_func(loop_config: dict[str, Any]) -> None:
                         MIN_LR_RATIO)
     # this group's size and its optimizer step (training.elastic: the emitter tells a resize)
     events.started(resumed_from, epoch=start_epoch + 1, step=step,
-                   **group_batch(cfg.global_batch_size, world, cfg.batch_size_per_worker, block))
+                   **group_batch(cfg.resolved_global_batch_size, world, cfg.micro_batch_size, block))
 
-    def save(metrics: dict[str, Any], epoch: int, step_in_epoch: int, epoch_done: bool) -> None:
-        """All ranks: gather the full state (a collective under FSDP); rank 0 writes it."""
+    def save(metrics: dict[str, Any], epoch: int, step_in_epoch: int, epoch_done: bool,
+             upload_first: bool = False) -> None:
+        """All ranks: gather the full state into host memory (a collective under FSDP); rank 0
+        hands it to Ray Train, whose upload thread writes it to a local directory, uploads that
+        and deletes it, behind training (or before returning, with `upload_first`: the
+        preemption checkpoint, the process leaves next)."""
+        from ray.train import CheckpointUploadMode
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 
+        nonlocal last_save
+        t_save = time.perf_counter()
         model_sd, optim_sd = get_state_dict(
             model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         name = checkpoint_name(epoch + 1, step)
-        with tempfile.TemporaryDirectory() as tmp:
-            ckpt = None
-            if rank == 0:
-                save_state(tmp, **{"model": model_sd, "optimizer": optim_sd,
-                            "scheduler": plan.to_dict(), "epoch": epoch,
-                            "step": step, "step_in_epoch": step_in_epoch,
-                            "epoch_done": epoch_done, "config": cfg.to_dict(),
-                            "model_config": model_config.to_dict(),
-                            "steps_per_epoch": steps_per_epoch,
-                            "steps_per_epoch_measured": measured,
-                            "accumulation": accum, "precision": precision.name,
-                            "scaler": scaler.state_dict() if scaler is not None else None})
-                ckpt = Checkpoint.from_directory(tmp)
-            # checkpoint_saved comes from the controller once registered (training.checkpoint_events)
-            ray.train.report({**metrics, "epoch_done": epoch_done}, checkpoint=ckpt,
-                             checkpoint_dir_name=name)
+        ckpt, upload = None, None
+        if rank == 0:
+            state = snapshot({
+                "model": model_sd, "optimizer": optim_sd, "scheduler": plan.to_dict(),
+                "epoch": epoch, "step": step, "step_in_epoch": step_in_epoch,
+                "epoch_done": epoch_done, "config": cfg.to_dict(),
+                "model_config": model_config.to_dict(), "steps_per_epoch": steps_per_epoch,
+                "steps_per_epoch_measured": measured, "accumulation": accum,
+                "precision": precision.name,
+                "scaler": scaler.state_dict() if scaler is not None else None}, device.type)
+            # Ray's own upload (a DeveloperAPI: StorageContext), after writing the file there
+            storage = ray.train.get_context().get_storage()
+
+            def upload(local: Any, dir_name: str) -> Any:  # in Ray Train's upload thread
+                save_state(local.path, **state)
+                return storage.persist_current_checkpoint(local, dir_name)
+
+            # an empty local directory: Ray Train deletes it once uploaded
+            ckpt = Checkpoint.from_directory(tempfile.mkdtemp(prefix="checkpoint-"))
+        # what training waited for (the upload runs behind it): checkpoint_saved's stall_s
+        stall = time.perf_counter() - t_save
+        # checkpoint_saved comes from the controller once registered (training.checkpoint_events)
+        ray.train.report({**metrics, "epoch_done": epoch_done, "stall_s": round(stall, 3)},
+                         checkpoint=ckpt, checkpoint_dir_name=name,
+                         checkpoint_upload_mode=CheckpointUploadMode.SYNC if upload_first
+                         else CheckpointUploadMode.ASYNC,
+                         checkpoint_upload_fn=upload, delete_local_checkpoint_after_upload=True)
+        last_save = time.perf_counter()
 
     def to_device(batch: dict[str, Any]) -> Any:
         return torch.from_numpy(batch["input_ids"]).to(device, non_blocking=True)
@@ -258,7 +284,7 @@ def train_func(loop_config: dict[str, Any]) -> None:
         total, count = torch.zeros((), device=device, dtype=torch.float64), 0
         with torch.no_grad(), autocast():
             for i, batch in enumerate(shard.iter_batches(
-                    batch_size=cfg.batch_size_per_worker, drop_last=True, batch_format="numpy")):
+                    batch_size=cfg.micro_batch_size, drop_last=True, batch_format="numpy")):
                 if cfg.val_steps and i >= cfg.val_steps:
                     break
                 x = to_device(batch)
@@ -275,10 +301,7 @@ def train_func(loop_config: dict[str, Any]) -> None:
         step_loss = torch.zeros((), device=device)
         for k, batch in enumerate(micro):
             x = to_device(batch)
-            last = k == len(micro) - 1
-            sync = contextlib.nullcontext() if last or not hasattr(model, "no_sync") \
-                else model.no_sync()
-            with sync:
+            with gradient_sync(model, sync=k == len(micro) - 1):  # one all-reduce a step
                 with autocast():
                     loss = model(input_ids=x, labels=x).loss
                     if accum > 1:
@@ -301,7 +324,9 @@ def train_func(loop_config: dict[str, Any]) -> None:
     # --- the loop ------------------------------------------------------------------------
     last_lr = cfg.learning_rate * plan.factor(step)
     grad_norm: Any = None  # the last step's (a tensor on the device; training.trackers logs it)
-    tokens_per_step = cfg.batch_size_per_worker * block * world * accum
+    last_save = time.perf_counter()  # the interval clock: wall time since the last checkpoint
+    timed_due = False
+    tokens_per_step = cfg.micro_batch_size * block * world * accum
     model.train()
     optimizer.zero_grad(set_to_none=True)
     first_step = True  # report the first step of every start (time to first/resumed step)
@@ -344,8 +369,12 @@ def train_func(loop_config: dict[str, Any]) -> None:
             if step % cfg.progress_every == 0 or first_step:
                 loss_sum = window_loss.item()  # the one host sync per window
                 elapsed = time.perf_counter() - window_start
-                mean_loss, wait_fraction = _all_mean(
-                    [loss_sum / window_steps, window_wait / elapsed if elapsed else 0.0], device)
+                # the interval flag rides on the same all-reduce: every rank sees one decision
+                mean_loss, wait_fraction, due = _all_mean(
+                    [loss_sum / window_steps, window_wait / elapsed if elapsed else 0.0,
+                     float(interval_due(time.perf_counter() - last_save,
+                                        cfg.checkpoint_minutes))], device)
+                timed_due = due > 0
                 # the first report of a start also says how the workers train
                 how = ({"precision": precision.name, "accumulation_steps": accum, **worker_facts}
                        if first_step else {})
@@ -357,8 +386,9 @@ def train_func(loop_config: dict[str, Any]) -> None:
                 window_steps, window_start, window_wait = 0, time.perf_counter(), 0.0
                 first_step = False
             last_of_epoch = bool(cap) and done_in_epoch >= cap
-            interval_save = bool(cfg.checkpoint_every) and step % cfg.checkpoint_every == 0 \
-                and not last_of_epoch
+            interval_save = (bool(cfg.checkpoint_every) and step % cfg.checkpoint_every == 0
+                             or timed_due) and not last_of_epoch
+            timed_due = False
             if interval_save:
                 t_pause = time.perf_counter()
                 val_loss = evaluate()
@@ -369,7 +399,7 @@ def train_func(loop_config: dict[str, Any]) -> None:
             if gate.stop():  # preempted: save where we are (unless just saved), retryable exit
                 if not interval_save:
                     save(preemption_metrics(epoch, step, epoch_loss.item() / epoch_steps), epoch,
-                         done_in_epoch, False)
+                         done_in_epoch, False, upload_first=True)
                 leave(step)
 
         # --- end of epoch: the real steps per epoch, validate, report, checkpoint -------------

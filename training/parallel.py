@@ -19,9 +19,13 @@ one block is gathered at a time and the next one's all-gather overlaps compute.
 Mixed precision: `MixedPrecisionPolicy(param_dtype=<bf16|fp16>, reduce_dtype=fp32)`: compute in
 the run's precision, gradients reduced and kept in fp32 (sharded fp32 master weights). The
 policy is the only cast: the loop runs FSDP2 without autocast (training.precision).
-Gradient accumulation under FSDP keeps reduce-scattering every micro-batch (skipping it would
-hold unsharded gradients, the memory FSDP exists to save); DDP skips all but the last
-(`no_sync`).
+Gradient accumulation communicates once per optimizer step (`gradient_sync`): DDP skips the
+all-reduce of every micro-batch but the last (`no_sync`); FSDP2 skips the reduce-scatters
+(`set_requires_gradient_sync(False)`) and keeps the micro-batches' unsharded gradients until
+the last one. That memory (one full gradient per worker, 0.5 GB for gpt2-small in fp32) is the
+price of dividing the gradient traffic by the accumulation steps: with ~0.5 M tokens per step
+(submitter.contract.batch) it is what makes 8 pods scale. tests/training/test_grad_sync.py
+counts the collectives over gloo.
 
 DDP on CUDA: gradients are all-reduced in bf16 (`bf16_compress_hook`; fp16 on GPUs without
 native bf16), halving the bytes of the step's dominant communication; `gradient_as_bucket_view`
@@ -31,7 +35,8 @@ avoids a copy. `--precision fp32` keeps fp32 all-reduces and turns TF32 off
 
 from __future__ import annotations
 
-from typing import Any, Optional
+import contextlib
+from typing import Any, ContextManager, Optional
 
 from training.precision import Precision, bf16_native, configure_matmul
 
@@ -103,6 +108,19 @@ def wrap_model(model: Any, *, fsdp: bool, precision: Precision, world: int, devi
     if device_type == "cuda":
         return ray.train.torch.prepare_model(model, parallel_strategy=None), facts
     return model.to(device), facts
+
+
+def gradient_sync(model: Any, sync: bool) -> ContextManager[Any]:
+    """The context one micro-batch's forward and backward run in: gradients are communicated
+    only when `sync` (the last micro-batch of an optimizer step). DDP: `no_sync()` on the
+    others; FSDP2: `set_requires_gradient_sync(sync)` (FSDP2 modules have no `no_sync`);
+    one process: nothing to skip."""
+    if is_fsdp(model):
+        model.set_requires_gradient_sync(sync)
+        return contextlib.nullcontext()
+    if not sync and hasattr(model, "no_sync"):
+        return model.no_sync()
+    return contextlib.nullcontext()
 
 
 def is_fsdp(model: Any) -> bool:

@@ -65,8 +65,8 @@ def plan_run(cfg: TrainConfig, corpus: Any, tok_spec: Any, block: int,
 
     check_gpus_here(cfg.use_gpu, cfg.num_workers)
     probe = probe_gpu_node() if cfg.use_gpu else None
-    accum = accumulation_steps(cfg.global_batch_size, cfg.num_workers, cfg.batch_size_per_worker)
-    micro = cfg.batch_size_per_worker * cfg.num_workers
+    accum = accumulation_steps(cfg.resolved_global_batch_size, cfg.num_workers, cfg.micro_batch_size)
+    micro = cfg.micro_batch_size * cfg.num_workers
     blocks = estimate_blocks(corpus, tok_spec, block, cfg.val_percent)
     estimate = steps_per_epoch_estimate(blocks, micro, accum)
     warmup = None

@@ -53,8 +53,9 @@ OPTIONAL: dict[str, frozenset[str]] = {
                            "tf32", "grad_compression", "compile", "compile_s", "compile_cache",
                            "fxgraph_cache_hit", "fxgraph_cache_miss"}),
     # sent by Ray Train's controller once the checkpoint is registered (what a resume uses):
-    # registered is true; reason is epoch_end | interval | preemption (SIGTERM)
-    "checkpoint_saved": frozenset({"step", "val_loss", "registered", "reason"}),
+    # registered is true; reason is epoch_end | interval | preemption (SIGTERM); stall_s: the
+    # seconds training paused for it (the upload runs behind training)
+    "checkpoint_saved": frozenset({"step", "val_loss", "registered", "reason", "stall_s"}),
     # export_dir: the Hugging Face directory; sample: a greedy continuation of sample_prompt
     "run_finished": frozenset({"epoch", "step", "train_loss", "val_loss", "tokens_per_sec",
                                "checkpoint_dir", "latest_checkpoint", "best_checkpoint",

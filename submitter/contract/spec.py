@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, Callable, Mapping, Optional
 
+from submitter.contract import batch
 from submitter.contract.errors import SpecError
 from submitter.contract.naming import OFFLINE_DATASET, RESERVED_ENV_PREFIX
 from submitter.contract.storage import pod_file_schema, storage_path_schema
@@ -41,8 +42,18 @@ DEFAULT_IMAGE = f"{IMAGE_REPOSITORY}:{VERSION}"
 DEFAULT_GPU_IMAGE = f"{IMAGE_REPOSITORY}:{VERSION}-gpu"
 #: Node label that names the GPU model (NVIDIA GPU feature discovery); --gpu-type selects on it.
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
-#: CPUs of each worker pod kept back from Ray Train for Ray Data (reading, tokenizing).
+#: CPUs of each worker pod kept back from Ray Train for Ray Data (reading, tokenizing): at
+#: least DATA_CPUS_PER_POD, and DATA_CPUS_PER_GPU per GPU (JobSpec.data_cpus_per_pod).
 DATA_CPUS_PER_POD = 1
+#: One H100 at 40% MFU trains gpt2-small on ~0.5 M tokens/s; one core reads, tokenizes (GPT-2
+#: BPE), batches and copies ~1.1 M through Ray Data (benchmarks/bench_data_pipeline.py): 0.45
+#: of a core per GPU, so 1 CPU per GPU with 2x headroom.
+DATA_CPUS_PER_GPU = 1
+#: The job document's informational block (JobSpec.resolved); parse_document drops it.
+RESOLVED_KEY = "resolved"
+#: A GPU job's default --checkpoint-interval (minutes), and the longest accepted (a week).
+GPU_CHECKPOINT_MINUTES = 30.0
+MAX_CHECKPOINT_MINUTES = 10_080
 #: Host memory (GiB) each Ray Train worker needs at the least, by preset: the Python process with
 #: torch (and the CUDA context on a GPU), and a full state dict gathered for each checkpoint
 #: (weights and AdamW's moments: about 1.5 GB for gpt2-small). A floor that refuses pods that
@@ -235,6 +246,14 @@ def _percent(v: float) -> str | None:
 @_schema({"minimum": 0})
 def _non_negative(v: float) -> str | None:
     return None if 0 <= v < math.inf else f"must be at least 0, got {v}"
+
+
+@_schema({"minimum": 0, "maximum": MAX_CHECKPOINT_MINUTES})
+def _minutes(v: float) -> str | None:
+    if 0 <= v <= MAX_CHECKPOINT_MINUTES:
+        return None
+    return (f"must be minutes from 0 (off) to {MAX_CHECKPOINT_MINUTES} (a week), got {v}; "
+            f"e.g. {GPU_CHECKPOINT_MINUTES:g}")
 
 
 def _one_of(choices: tuple[str, ...]) -> Check:
@@ -627,8 +646,10 @@ class JobSpec:
     max_steps_per_epoch: Optional[int] = setting(None, group="training", check=_between(1),
                                                  help="cap the optimizer steps per epoch "
                                                       "(default: the whole epoch)")
-    batch_size_per_worker: int = setting(8, group="training", check=_between(1, 1_000_000),
-                                         help="sequences per worker per step")
+    batch_size_per_worker: Optional[int] = setting(
+        None, group="training", check=_between(1, 1_000_000),
+        help="sequences per worker per micro-batch (default: 8 on CPU; on GPUs the largest that "
+             "fits the GPU, see --gpu-type and README 'How it trains')")
     block_size: Optional[int] = setting(None, group="training", check=_between(8, 1_048_576),
                                         help="tokens per training sequence (default: the "
                                              "preset's, 256 for gpt2-small)")
@@ -652,7 +673,8 @@ class JobSpec:
     global_batch_size: Optional[int] = setting(
         None, group="training", check=_between(1),
         help="sequences per optimizer step over all workers; reached by gradient accumulation "
-             "(a multiple of workers x --batch-size-per-worker; default: one micro-batch each)")
+             "(a multiple of workers x --batch-size-per-worker; default: one micro-batch each on "
+             "CPU, ~524,288 tokens on GPUs)")
     fsdp: bool = setting(False, group="training",
                          help="shard the model with FSDP instead of DDP (GPUs only: needs "
                               "--gpu-per-pod)")
@@ -694,6 +716,11 @@ class JobSpec:
     checkpoint_every: int = setting(0, group="checkpoints", check=_between(0),
                                     help="also checkpoint every N steps mid-epoch (0 = at epoch "
                                          "ends only)")
+    checkpoint_interval: Optional[float] = setting(
+        None, group="checkpoints", check=_minutes, metavar="MINUTES",
+        help=f"also checkpoint every MINUTES of training, without stalling it (an async upload); "
+             f"a hard fault loses at most that much (default: {GPU_CHECKPOINT_MINUTES:g} on GPUs, "
+             f"off on CPU; 0 = off)")
     progress_every: int = setting(10, group="checkpoints", check=_between(1),
                                   help="report progress (loss, tokens/s) every N steps")
 
@@ -743,10 +770,10 @@ class JobSpec:
                             "(fp32) or bf16")
         if self.global_batch_size is not None:
             problem = (global_batch_problem(self.global_batch_size, self.min_train_workers,
-                                            self.num_train_workers, self.batch_size_per_worker)
+                                            self.num_train_workers, self.micro_batch_size)
                        if self.elastic else
                        accumulation_problem(self.global_batch_size, self.num_train_workers,
-                                            self.batch_size_per_worker))
+                                            self.micro_batch_size))
             if problem:
                 raise SpecError(problem)
 
@@ -795,9 +822,56 @@ class JobSpec:
     def cpus_per_train_worker(self) -> int:
         """CPUs each Ray Train worker reserves (ScalingConfig resources_per_worker): the pod's
         CPUs as Ray counts them (KubeRay passes the limit rounded up as --num-cpus), less
-        DATA_CPUS_PER_POD for Ray Data, shared by the pod's workers. At least 1 (__post_init__
+        data_cpus_per_pod for Ray Data, shared by the pod's workers. At least 1 (__post_init__
         refuses pods that cannot give that)."""
-        return (_ray_cpus(self.cpu_per_pod) - DATA_CPUS_PER_POD) // self.workers_per_pod
+        return (_ray_cpus(self.cpu_per_pod) - self.data_cpus_per_pod) // self.workers_per_pod
+
+    @property
+    def block(self) -> int:
+        """Tokens per training sequence: --block-size, else the preset's."""
+        return self.block_size or batch.MODEL_BLOCK[self.model]
+
+    def _batch(self) -> tuple[int, Optional[int]]:
+        return batch.resolve(gpu=self.gpu_per_pod > 0, model=self.model, block=self.block,
+                             micro=self.batch_size_per_worker, global_batch=self.global_batch_size,
+                             min_workers=self.min_train_workers,
+                             max_workers=self.num_train_workers, gpu_type=self.gpu_type)
+
+    @property
+    def micro_batch_size(self) -> int:
+        """Sequences per worker per micro-batch: --batch-size-per-worker, else 8 on CPU and the
+        largest that fits the GPU (submitter.contract.batch)."""
+        return self._batch()[0]
+
+    @property
+    def resolved_global_batch_size(self) -> Optional[int]:
+        """Sequences per optimizer step, all workers: --global-batch-size, else ~524,288 tokens
+        on GPUs; None on CPU (one micro-batch per worker, whatever the group's size)."""
+        return self._batch()[1]
+
+    def batch_plan(self, workers: Optional[int] = None) -> "batch.BatchPlan":
+        """The optimizer step of a group of `workers` (default: the largest group)."""
+        return batch.plan_for(self.micro_batch_size, self.resolved_global_batch_size,
+                              workers or self.num_train_workers, self.block)
+
+    @property
+    def checkpoint_minutes(self) -> float:
+        """Minutes between interval checkpoints (0 = none): --checkpoint-interval, else
+        GPU_CHECKPOINT_MINUTES on GPUs and none on CPU."""
+        if self.checkpoint_interval is not None:
+            return self.checkpoint_interval
+        return GPU_CHECKPOINT_MINUTES if self.gpu_per_pod else 0.0
+
+    @property
+    def data_cpus_per_pod(self) -> int:
+        """CPUs of a worker pod left to Ray Data (reading, tokenizing): DATA_CPUS_PER_GPU per GPU
+        (measured: benchmarks/bench_data_pipeline.py), at least DATA_CPUS_PER_POD."""
+        return max(DATA_CPUS_PER_POD, self.gpu_per_pod * DATA_CPUS_PER_GPU)
+
+    def resolved(self) -> dict[str, Any]:
+        """What the settings resolve to (the job document's `resolved` block: shown, not read)."""
+        return {**self.batch_plan().to_dict(), "checkpointIntervalMinutes": self.checkpoint_minutes,
+                "dataCpusPerPod": self.data_cpus_per_pod}
 
     @property
     def resolved_image(self) -> str:
@@ -829,8 +903,11 @@ class JobSpec:
 
     def document(self) -> str:
         """The job document `python -m training` reads (env `SUBMITTER_JOB`): the validated
-        settings as compact JSON, keys sorted, so the same spec gives the same text."""
-        return json.dumps(self.to_values(), sort_keys=True, separators=(",", ":"))
+        settings as compact JSON, keys sorted, so the same spec gives the same text. Its
+        `resolved` block shows what the defaults resolve to (the global batch, micro-batch and
+        accumulation, ...); the pod derives them again from the settings and ignores it."""
+        return json.dumps({**self.to_values(), RESOLVED_KEY: self.resolved()}, sort_keys=True,
+                          separators=(",", ":"))
 
     @classmethod
     def from_document(cls, text: str, **overrides: Any) -> "JobSpec":
@@ -874,13 +951,13 @@ def _check_fit(spec: "JobSpec") -> None:
     """Refuse worker pods whose CPUs cannot hold their Ray Train workers plus Ray Data: the job
     would wait forever for resources no pod has."""
     cpus = _ray_cpus(spec.cpu_per_pod)
-    need = spec.workers_per_pod + DATA_CPUS_PER_POD
+    need = spec.workers_per_pod + spec.data_cpus_per_pod
     if cpus < need:
         workers = (f"{spec.gpu_per_pod} GPU workers" if spec.gpu_per_pod else "1 CPU worker")
         raise SpecError(
             f"--cpu-per-pod {spec.cpu_per_pod} gives Ray {cpus} CPU(s) per pod, but {workers} "
-            f"need 1 CPU each plus {DATA_CPUS_PER_POD} for Ray Data: use --cpu-per-pod {need} "
-            "or more")
+            f"need 1 CPU each plus {spec.data_cpus_per_pod} for Ray Data: use --cpu-per-pod "
+            f"{need} or more")
 
 
 def _gib(quantity: str) -> float:
@@ -937,6 +1014,7 @@ def parse_document(text: str) -> dict[str, Any]:
                         "`submitter render` puts in the RayJob (env SUBMITTER_JOB)") from None
     if not isinstance(data, dict):
         raise SpecError("the job document must be a JSON object of settings")
+    data.pop(RESOLVED_KEY, None)  # shown for people; the settings alone decide
     return data
 
 

@@ -146,17 +146,18 @@ def test_fsdp_without_gpus_is_refused_with_the_fix(values):
 # --- #10 item 2: resources that fit -----------------------------------------------------------
 
 @pytest.mark.parametrize("cpu, gpus, per_worker", [
-    ("4", 0, 3), ("2", 0, 1), ("4", 1, 3), ("9", 8, 1), ("64", 8, 7), ("16", 4, 3),
-    ("2500m", 2, 1), ("1500m", 0, 1), ("3", 2, 1)])
-def test_cpus_per_train_worker_leave_one_for_ray_data(cpu, gpus, per_worker):
+    ("4", 0, 3), ("2", 0, 1), ("4", 1, 3), ("16", 8, 1), ("64", 8, 7), ("16", 4, 3),
+    ("4500m", 2, 1), ("1500m", 0, 1), ("4", 2, 1)])
+def test_cpus_per_train_worker_leave_ray_data_a_cpu_per_gpu(cpu, gpus, per_worker):
     spec = JobSpec.build(name="j", cpu_per_pod=cpu, gpu_per_pod=gpus, memory_per_pod="64Gi")
     assert spec.cpus_per_train_worker == per_worker
-    assert spec.cpus_per_train_worker * spec.workers_per_pod + 1 <= -(-float(cpu.rstrip("m")) //
-                                                                     (1000 if cpu.endswith("m") else 1))
+    assert spec.data_cpus_per_pod == max(1, gpus)  # DATA_CPUS_PER_GPU, at least one
+    assert spec.cpus_per_train_worker * spec.workers_per_pod + spec.data_cpus_per_pod <= \
+        -(-float(cpu.rstrip("m")) // (1000 if cpu.endswith("m") else 1))
 
 
-@pytest.mark.parametrize("cpu, gpus, fix", [("1", 0, "2"), ("500m", 0, "2"), ("4", 4, "5"),
-                                             ("8", 8, "9"), ("2", 2, "3")])
+@pytest.mark.parametrize("cpu, gpus, fix", [("1", 0, "2"), ("500m", 0, "2"), ("4", 4, "8"),
+                                             ("8", 8, "16"), ("2", 2, "4")])
 def test_pods_that_cannot_hold_their_workers_are_refused_in_one_line(cpu, gpus, fix):
     with pytest.raises(SpecError) as info:
         JobSpec.build(name="j", cpu_per_pod=cpu, gpu_per_pod=gpus)
@@ -176,14 +177,14 @@ def test_the_pod_derives_the_same_cpus_per_worker_from_its_document():
     (3, 0, (3, 3, False, 3, 3)), ("3", 0, (3, 3, False, 3, 3)), ("3:3", 0, (3, 3, False, 3, 3)),
     ("1:4", 0, (1, 4, True, 1, 4)), ("2:3", 8, (2, 3, True, 16, 24))])
 def test_replicas_is_a_count_or_a_range(replicas, gpus, expected):
-    spec = JobSpec.build(name="j", replicas=replicas, gpu_per_pod=gpus, cpu_per_pod="9",
+    spec = JobSpec.build(name="j", replicas=replicas, gpu_per_pod=gpus, cpu_per_pod="16",
                          memory_per_pod="64Gi")
     assert (spec.min_replicas, spec.max_replicas, spec.elastic, spec.min_train_workers,
             spec.num_train_workers) == expected
 
 
 def test_the_cpu_fit_check_holds_for_an_elastic_group():
-    with pytest.raises(SpecError, match="--cpu-per-pod 4 gives Ray 4 CPU.*use --cpu-per-pod 9"):
+    with pytest.raises(SpecError, match="--cpu-per-pod 4 gives Ray 4 CPU.*use --cpu-per-pod 16"):
         JobSpec.build(name="j", replicas="1:4", gpu_per_pod=8)
 
 
@@ -229,12 +230,12 @@ def test_accumulation_without_a_global_batch_is_one_micro_batch():
     ("tiny", 4, "2Gi", "4Gi")])
 def test_pods_without_memory_for_their_workers_are_refused_in_one_line(model, gpus, memory, fix):
     with pytest.raises(SpecError) as info:
-        JobSpec.build(name="j", model=model, gpu_per_pod=gpus, cpu_per_pod=str(gpus + 2),
+        JobSpec.build(name="j", model=model, gpu_per_pod=gpus, cpu_per_pod=str(2 * gpus + 2),
                       memory_per_pod=memory)
     message = str(info.value)
     assert "\n" not in message and f"--memory-per-pod {fix} or more" in message
     assert info.value.exit_code == 2
-    fixed = JobSpec.build(name="j", model=model, gpu_per_pod=gpus, cpu_per_pod=str(gpus + 2),
+    fixed = JobSpec.build(name="j", model=model, gpu_per_pod=gpus, cpu_per_pod=str(2 * gpus + 2),
                           memory_per_pod=fix)  # the suggested size is accepted
     assert fixed.memory_per_pod == fix
 

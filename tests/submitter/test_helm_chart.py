@@ -90,7 +90,7 @@ PARITY = {
     "storage-class": dict(name="nfs-demo", storage_class="nfs-client", storage_size="2Ti"),
     "namespace": dict(name="ns-demo", namespace="team-a"),
     "everything-set": dict(
-        name="full", namespace="ml", replicas=4, gpu_per_pod=2, cpu_per_pod="2500m",
+        name="full", namespace="ml", replicas=4, gpu_per_pod=2, cpu_per_pod="4500m",
         memory_per_pod="2.5Gi", head_cpu="1", head_memory="2Gi", image="reg.io/team/img:1.2",
         image_pull_policy="Always", env={"WANDB_MODE": "offline", "A_B": 'x: "y"\n- z <&>'},
         storage_path="/mnt/ckpt/./runs/../runs/", storage_mount="/mnt/ckpt/", storage_size="5Gi",
@@ -261,9 +261,10 @@ _specs = st.fixed_dictionaries({
         lambda key: not key.startswith("SUBMITTER_")), st.sampled_from(["s:k", "a.b:c-d"]), max_size=2),
 }).filter(lambda d: (d["gpu_per_pod"] > 0 or not d["fsdp"])  # FSDP needs GPUs
           and (d["gpu_per_pod"] > 0 or d["gpu_type"] is None)  # a GPU type needs GPUs
-          # a CPU per Ray Train worker, plus one for Ray Data (Ray counts the limit rounded up)
+          # a CPU per Ray Train worker, plus one per GPU (at least one) for Ray Data (Ray counts
+          # the limit rounded up)
           and -(-int(d["cpu_per_pod"].rstrip("m")) // (1000 if d["cpu_per_pod"].endswith("m") else 1))
-          >= max(d["gpu_per_pod"], 1) + 1
+          >= max(d["gpu_per_pod"], 1) + max(d["gpu_per_pod"], 1)
           # memory for the pod's workers beside Ray's object store
           and memory_problem(d.get("model", "gpt2-small"), max(d["gpu_per_pod"], 1),
                              d["memory_per_pod"], d.get("head_memory", "8Gi")) is None)
@@ -441,6 +442,7 @@ PROBES: dict[str, list[Any]] = {
     "replicas": [1, 8, 10_000, 10_001, 0, -1, "8", "2:8", "8:2", "1:10000", "1:10001", "0:2",
                  "1:", ":2", "1:2:3", " 1:2", "1 :2", "\u0664", "2.5", 2.5, True],
     "global_batch_size": [None, 1, 16, 48, 2**31 - 1, 0, -1, 2**31, 1.5],
+    "checkpoint_interval": [None, 0, 0.5, 30, "30", 10_080, 10_080.5, -1, "x", 1e300],
     "cpu_per_pod": ["4", "500m", "0.5", ".5", "1.5Gi", 4, "four", "4 ", "-1", "1e3", "", "0",
                     "0m", 0, "\u0664", "2", "1", "1001m", "2000m"],
     "precision": ["auto", "bf16", "fp16", "fp32", "fp8", ""],
@@ -463,7 +465,7 @@ PAIRS = [{"fsdp": True, "gpuPerPod": 1}, {"fsdp": True, "gpuPerPod": 0},
          {"fsdp": False, "gpuPerPod": 0}]
 #: The other rules across fields: CPUs that fit the pod's workers, a GPU type needs GPUs.
 CROSS = [{"gpuPerPod": 3, "cpuPerPod": "4"}, {"gpuPerPod": 4, "cpuPerPod": "4"},
-         {"gpuPerPod": 8, "cpuPerPod": "8500m"}, {"gpuPerPod": 8, "cpuPerPod": "8"},
+         {"gpuPerPod": 8, "cpuPerPod": "15500m"}, {"gpuPerPod": 8, "cpuPerPod": "15"},
          {"gpuType": "T4", "gpuPerPod": 0}, {"gpuType": "T4", "gpuPerPod": 1},
          # a global batch every group size of --replicas reaches (2:3 x 8: 48) or not (16)
          {"replicas": "2:3", "globalBatchSize": 48}, {"replicas": "2:3", "globalBatchSize": 16}]

@@ -117,7 +117,7 @@ def test_no_gpu_keys_on_cpu():
     (8, 1, 8, True), (4, 8, 32, True), (3, 0, 3, False), (1, 0, 1, False), ("1:3", 2, 6, True)])
 def test_the_pod_gets_the_worker_count_and_storage(replicas, gpus, workers, use_gpu):
     spec = JobSpec.build(name="job", replicas=replicas, gpu_per_pod=gpus, max_failures=5,
-                         cpu_per_pod=str(gpus + 4), memory_per_pod=f"{4 * gpus + 16}Gi")
+                         cpu_per_pod=str(2 * gpus + 4), memory_per_pod=f"{4 * gpus + 16}Gi")
     pod_job = job_document(render(spec))
     assert pod_job.num_train_workers == workers and (pod_job.gpu_per_pod > 0) is use_gpu
     assert pod_job.max_failures == 5

@@ -42,9 +42,12 @@ def test_accumulation_estimate_and_an_extension_that_continues_the_schedule(stor
     import ray
     import torch
 
-    first = _run(storage, "--epochs", "2")
+    first = _run(storage, "--epochs", "2", "--checkpoint-interval", "0.2")  # 12 s: a few an epoch
     assert first.ok, first.error
     events = ev.parse_lines((storage / "acc" / naming.EVENTS_FILE).read_text())
+    saved = [e for e in events if e["type"] == "checkpoint_saved"]
+    assert {e["reason"] for e in saved} == {"interval", "epoch_end"}  # timed ones, uploaded async
+    assert all(e["stall_s"] >= 0 for e in saved)
     started = events[0]
     assert started["type"] == "run_started"
     assert started["precision"] == "fp32" and started["accumulation_steps"] == 4

@@ -89,6 +89,33 @@ def test_checkpoint_saved_says_registered_and_why():
     assert s3["path"] == "s3://bucket/r/ns/j/checkpoint_x" and s3["reason"] == "interval"
     pre = event_fields(preempt.preemption_metrics(0, 7, 3.0), "/r/j/c", "/r/j")
     assert pre["reason"] == "preemption" and pre["val_loss"] is None  # not validated
+    timed = event_fields({"epoch": 1, "step": 9, "epoch_done": False, "stall_s": 0.25}, "/r/j/c",
+                         "/r/j")
+    assert timed["stall_s"] == 0.25 and timed["reason"] == "interval"  # the pause it cost
+
+
+def test_a_snapshot_on_cpu_does_not_change_when_training_goes_on():
+    """The async save writes the state after the loop moved on: on CPU the gathered state dict
+    holds the live tensors, so the snapshot must own copies."""
+    torch = pytest.importorskip("torch")
+    from training.checkpoint_io import snapshot
+
+    weight = torch.zeros(3)
+    state = snapshot({"model": {"w": weight}, "optimizer": [weight], "step": 4}, "cpu")
+    weight += 1  # the next optimizer step
+    assert state["model"]["w"].tolist() == [0.0] * 3 and state["optimizer"][0].tolist() == [0.0] * 3
+    assert state["step"] == 4
+    gpu_gathered = {"w": weight}  # cpu_offload already copied it to the host
+    assert snapshot(gpu_gathered, "cuda") is gpu_gathered
+
+
+@pytest.mark.parametrize("since, minutes, due", [
+    (0.0, 30.0, False), (1799.9, 30.0, False), (1800.0, 30.0, True), (10**6, 0.0, False),
+    (0.06, 0.001, True), (0.05, 0.001, False)])
+def test_a_timed_checkpoint_is_due_after_its_minutes_of_wall_time(since, minutes, due):
+    from training.checkpoint_io import interval_due
+
+    assert interval_due(since, minutes) is due
 
 
 class _Remote:
