@@ -72,6 +72,12 @@ GROUPS = ("job", "resources", "scheduling", "storage", "training", "data", "chec
 MAX_NAME_LENGTH = 47
 #: Kubernetes stores integers of most of these fields as int32.
 INT32_MAX = 2**31 - 1
+#: The largest quantity Kubernetes represents ("no quantity may represent a number greater than
+#: 2^63-1", resource.Quantity); larger ones would be capped by the API server, not refused.
+QUANTITY_MAX = 2**63 - 1
+#: Digits of the longest whole number written as text that we turn into an int: a setting's
+#: range is far smaller, and int() refuses over 4,300 digits (ValueError) anyway.
+MAX_INT_DIGITS = 30
 #: Longest text value accepted (a path, a URI, a dataset name): error lines stay readable.
 MAX_TEXT = 1024
 _DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
@@ -179,6 +185,8 @@ def _positive_quantity(v: str) -> str | None:
         return f"{_show(v)} is not a Kubernetes quantity (e.g. 4, 500m, 16Gi)"
     if not _POSITIVE_QUANTITY.fullmatch(v):
         return f"{_show(v)} must be more than zero"
+    if _quantity_value(v) > QUANTITY_MAX:  # float: a 400-digit quantity is inf, not a traceback
+        return f"{_show(v)} is larger than Kubernetes allows for a quantity (2^63-1)"
     return None
 
 
@@ -868,7 +876,7 @@ def global_batch_problem(global_batch: int, min_workers: int, max_workers: int,
 def parse_document(text: str) -> dict[str, Any]:
     """A job document's settings (a JSON object), or SpecError saying what is wrong."""
     try:
-        data = json.loads(text)
+        data = json.loads(text, parse_int=oversized_or_int)
     except (ValueError, RecursionError) as e:
         where = f" ({e.msg} at character {e.pos})" if isinstance(e, json.JSONDecodeError) else ""
         raise SpecError(f"the job document is not valid JSON{where}; it is what "
@@ -1022,15 +1030,21 @@ def _coerce(name: str, value: Any) -> Any:
         default = defaults()[name]
         raise SpecError(f"{flag} must have a value (got null); leave it out to use the default "
                         f"{default!r}" if default != "" else f"{flag} must have a value (got null)")
+    if isinstance(value, OversizedNumber) or (kind in (int, float) and _is_huge_int(value)):
+        raise SpecError(_out_of_range(flag, kind, value))
     if kind is int:
         if isinstance(value, str) and _INT.fullmatch(value.strip()):
+            digits = len(value.strip().lstrip("+-").lstrip("0"))
+            if digits > MAX_INT_DIGITS:
+                raise SpecError(_out_of_range(flag, kind, OversizedNumber(
+                    digits, value.strip().startswith("-"))))
             value = int(value)
         if isinstance(value, bool) or not isinstance(value, int):
             raise SpecError(f"{flag} must be a whole number, got {_show(value)}")
         return value
     if kind is float:
         if isinstance(value, str) and _FLOAT.fullmatch(value.strip()):
-            value = float(value)
+            value = float(value)  # no digit limit: a 5,000-digit text is inf, refused below
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise SpecError(f"{flag} must be a number, got {_show(value)}")
         if not math.isfinite(value):
@@ -1054,6 +1068,8 @@ def _coerce(name: str, value: Any) -> Any:
 def _scalar_str(flag: str, value: Any) -> str:
     if isinstance(value, bool) or not isinstance(value, (str, int, float)):
         raise SpecError(f"{flag} must be text, got {_show(value)}")
+    if _is_huge_int(value, MAX_TEXT):  # str() of it would be too long (or, > 4,300 digits, fail)
+        raise SpecError(f"{flag}: {_show(value)} is too long (at most {MAX_TEXT} characters)")
     if isinstance(value, float) and not math.isfinite(value):
         raise SpecError(f"{flag} must be text or a finite number, got {_show(value)}")
     return str(value)
@@ -1069,8 +1085,7 @@ def _check_field(f: dataclasses.Field, value: Any) -> None:
             raise SpecError(f"{flag_name(f.name)}: a value of {len(text)} characters is too long "
                             f"(at most {MAX_TEXT})")
     if isinstance(value, int) and not isinstance(value, bool) and not -INT32_MAX - 1 <= value <= INT32_MAX:
-        raise SpecError(f"{flag_name(f.name)}: must be at most {INT32_MAX} (Kubernetes stores it "
-                        f"as a 32-bit integer), got {value}")
+        raise SpecError(_out_of_range(flag_name(f.name), int, value))
     check = f.metadata["check"]
     if check is not None and value is not None:
         problem = check(value)
@@ -1089,9 +1104,63 @@ def _strings(value: Any) -> list[str]:
 
 
 def _show(value: Any, limit: int = 60) -> str:
-    """repr() cut to a readable length: an error line never carries a 50 MB value."""
+    """repr() cut to a readable length: an error line never carries a 50 MB value (nor a
+    5,000-digit number, whose repr() would raise ValueError)."""
+    if _is_huge_int(value, limit):
+        value = OversizedNumber(_digits(value), value < 0)
     text = repr(value)
     return text if len(text) <= limit else text[:limit] + f"... ({len(text)} characters)"
+
+
+class OversizedNumber:
+    """A whole number too long for a setting, kept as its size: what a job file or a job
+    document holds where Python's int() refuses the literal (over 4,300 digits), and how an
+    error line shows any number too long to print."""
+
+    __slots__ = ("digits", "negative")
+
+    def __init__(self, digits: int, negative: bool = False) -> None:
+        self.digits, self.negative = digits, negative
+
+    def __repr__(self) -> str:
+        return f"a {'negative ' if self.negative else ''}{self.digits:,}-digit number"
+
+
+def oversized_or_int(text: str) -> "int | OversizedNumber":
+    """int(text) for a parser's integer literal, or OversizedNumber past int()'s limit, so the
+    setting it was given for is named in the error rather than a ValueError traceback."""
+    digits = len(text.lstrip("+-"))
+    if digits > MAX_INT_LITERAL:
+        return OversizedNumber(digits, text.startswith("-"))
+    return int(text)
+
+
+#: Python's default int() limit on decimal digits (sys.get_int_max_str_digits()); a constant, so
+#: a program that raised its own limit still gets the same answers from the contract.
+MAX_INT_LITERAL = 4300
+
+
+def _is_huge_int(value: Any, digits: int = MAX_INT_DIGITS) -> bool:
+    """An int (not a bool) with more than `digits` decimal digits, decided without str()."""
+    return isinstance(value, int) and not isinstance(value, bool) and _digits(value) > digits
+
+
+def _digits(value: int) -> int:
+    """Decimal digits of |value|, without str() (which refuses over 4,300 digits)."""
+    value = abs(value)
+    n = int(value.bit_length() * 0.30102999566398)  # log10(2): n or n + 1 digits
+    return n + 1 if value >= 10 ** n else max(n, 1)
+
+
+def _out_of_range(flag: str, kind: Any, value: Any) -> str:
+    shown = _show(value)
+    if kind is int:
+        negative = value.negative if isinstance(value, OversizedNumber) else value < 0
+        bound = f"at least {-INT32_MAX - 1}" if negative else f"at most {INT32_MAX}"
+        return f"{flag}: must be {bound} (Kubernetes stores it as a 32-bit integer), got {shown}"
+    if kind is float:
+        return f"{flag} must be a finite number, got {shown}"
+    return f"{flag}: {shown} is out of range"
 
 
 def _copy(value: Any) -> Any:
