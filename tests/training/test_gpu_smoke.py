@@ -159,10 +159,10 @@ def test_the_script_needs_neither_tests_nor_pytest():
 
 
 @pytest.mark.slow
-def test_the_smoke_script_runs_its_cases_on_cpu(tmp_path):
+def test_the_smoke_script_runs_its_cases_on_cpu(storage):
     """The script end to end on CPU: a real entrypoint run, then its resume."""
     proc = subprocess.run([sys.executable, "-m", "training.gpu_smoke", "--cpu", "--steps", "6",
-                           "--cases", "ddp-eager,ddp-resume", "--work", str(tmp_path),
+                           "--cases", "ddp-eager,ddp-resume", "--work", str(storage),
                            "--case-timeout", "400", "--extra=--limit-rows=3000"],
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
