@@ -80,27 +80,44 @@ QUANTITY_MAX = 2**63 - 1
 MAX_INT_DIGITS = 30
 #: Longest text value accepted (a path, a URI, a dataset name): error lines stay readable.
 MAX_TEXT = 1024
-_DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
-_DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-_DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-_QUANTITY = re.compile(r"^(\d+(\.\d+)?|\.\d+)(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$", re.ASCII)
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_IMAGE = re.compile(r"^[a-z0-9]+([._/:@-][A-Za-z0-9_.-]+)*$")
+class _LazyPattern:
+    """re.compile on first use: a `submitter render` process checks a handful of these patterns,
+    and compiling all of them at import was a sixth of importing this module. `.pattern` (the
+    schemas read it at import) needs no compiling."""
+
+    __slots__ = ("pattern", "flags", "_compiled")
+
+    def __init__(self, pattern: str, flags: int = 0) -> None:
+        self.pattern, self.flags = pattern, flags
+
+    def __getattr__(self, name: str) -> Any:  # fullmatch, match, search, sub...
+        if name == "_compiled":
+            self._compiled = re.compile(self.pattern, self.flags)
+            return self._compiled
+        return getattr(self._compiled, name)
+
+
+_DNS1035 = _LazyPattern(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+_DNS1123_LABEL = _LazyPattern(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_DNS1123_SUBDOMAIN = _LazyPattern(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_QUANTITY = _LazyPattern(r"^(\d+(\.\d+)?|\.\d+)(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$", re.ASCII)
+_ENV_NAME = _LazyPattern(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_IMAGE = _LazyPattern(r"^[a-z0-9]+([._/:@-][A-Za-z0-9_.-]+)*$")
 #: ASCII digits only: int("٤") is 4 in Python, but no YAML or Go parser downstream agrees.
-_INT = re.compile(r"^[+-]?[0-9]+$")
-_FLOAT = re.compile(r"^[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?$")
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_INT = _LazyPattern(r"^[+-]?[0-9]+$")
+_FLOAT = _LazyPattern(r"^[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?$")
+_CONTROL = _LazyPattern(r"[\x00-\x1f\x7f]")
 # Kubernetes label syntax: a key is an optional DNS-subdomain prefix and a name; a value may be empty.
 _LABEL_NAME = r"([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)"
 _LABEL_PREFIX = r"([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)"
-_LABEL_KEY = re.compile(f"^{_LABEL_PREFIX}?{_LABEL_NAME}$")
-_LABEL_VALUE = re.compile(f"^{_LABEL_NAME}?$")
+_LABEL_KEY = _LazyPattern(f"^{_LABEL_PREFIX}?{_LABEL_NAME}$")
+_LABEL_VALUE = _LazyPattern(f"^{_LABEL_NAME}?$")
 #: A toleration as a flag writes it: KEY[=VALUE]:EFFECT.
-_TOLERATION = re.compile(f"^(?P<key>{_LABEL_PREFIX}?{_LABEL_NAME})(=(?P<value>{_LABEL_NAME}?))?"
+_TOLERATION = _LazyPattern(f"^(?P<key>{_LABEL_PREFIX}?{_LABEL_NAME})(=(?P<value>{_LABEL_NAME}?))?"
                          f":(?P<effect>{'|'.join(TAINT_EFFECTS)})$")
 #: A Secret's key (Kubernetes' ConfigMap/Secret key syntax).
 _SECRET_KEY = r"[-._a-zA-Z0-9]+"
-_SECRET_REF = re.compile(f"^(?P<secret>{_DNS1123_SUBDOMAIN.pattern[1:-1]}):(?P<key>{_SECRET_KEY})$")
+_SECRET_REF = _LazyPattern(f"^(?P<secret>{_DNS1123_SUBDOMAIN.pattern[1:-1]}):(?P<key>{_SECRET_KEY})$")
 #: Environment variable names that hold credentials: --env would write them in plain text into
 #: the RayJob (and every GitOps copy of it); --secret-env takes them from a Secret instead.
 _CREDENTIAL_ENV = r"(?i)(SECRET|TOKEN|PASSWORD|PASSWD|API_?KEY|ACCESS_KEY|PRIVATE_KEY|CREDENTIAL)"
@@ -174,7 +191,7 @@ def _subdomain(what: str) -> Check:
 
 
 #: A quantity above zero (Kubernetes' own syntax, no sign, no exponent).
-_POSITIVE_QUANTITY = re.compile(r"^(0*[1-9][0-9]*(\.[0-9]+)?|0*\.?0*[1-9][0-9]*|0+\.[0-9]*[1-9][0-9]*)"
+_POSITIVE_QUANTITY = _LazyPattern(r"^(0*[1-9][0-9]*(\.[0-9]+)?|0*\.?0*[1-9][0-9]*|0+\.[0-9]*[1-9][0-9]*)"
                                 r"(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$")
 
 
@@ -202,7 +219,7 @@ def _between(lo: int, hi: int = INT32_MAX) -> Check:
 
 
 #: --replicas: N (a fixed group) or MIN:MAX (an elastic one); ASCII digits, no spaces.
-_REPLICAS = re.compile(r"^([1-9][0-9]{0,4})(:([1-9][0-9]{0,4}))?$", re.ASCII)
+_REPLICAS = _LazyPattern(r"^([1-9][0-9]{0,4})(:([1-9][0-9]{0,4}))?$", re.ASCII)
 MAX_REPLICAS = 10_000
 
 
@@ -450,7 +467,9 @@ def _mount(v: str) -> str | None:
 
 # --- the spec -----------------------------------------------------------------------------------
 
-@dataclass(frozen=True)
+# repr, eq and hash are written below, not generated: generating them for ~75 fields (one exec
+# each) was a third of importing this module, which every `submitter render` pays.
+@dataclass(frozen=True, repr=False, eq=False)
 class JobSpec:
     """Everything that defines one training job. Construct it with `JobSpec.build(...)`."""
 
@@ -760,6 +779,21 @@ class JobSpec:
             return self.image_pull_policy
         return "Always" if image_is_mutable(self.resolved_image) else "IfNotPresent"
 
+    def _values(self) -> tuple[Any, ...]:
+        return tuple(getattr(self, name) for name in _field_names())
+
+    def __eq__(self, other: object) -> bool:  # as dataclass(eq=True) writes it
+        if other.__class__ is self.__class__:
+            return self._values() == other._values()  # type: ignore[attr-defined]
+        return NotImplemented
+
+    def __hash__(self) -> int:  # as dataclass(frozen=True, eq=True) writes it
+        return hash(self._values())
+
+    def __repr__(self) -> str:
+        return (f"{self.__class__.__qualname__}("
+                + ", ".join(f"{name}={getattr(self, name)!r}" for name in _field_names()) + ")")
+
     def to_dict(self) -> dict[str, Any]:
         """The fields as plain data (job-file form, snake_case). A fixed --replicas N is the
         number N, as before ranges existed (an image that predates them reads the document);
@@ -947,22 +981,51 @@ def fields() -> tuple[dataclasses.Field, ...]:
 
 
 @lru_cache(maxsize=1)
+def _field_names() -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(JobSpec))
+
+
+@lru_cache(maxsize=1)
 def field_types() -> dict[str, Any]:
     """Each field's type from its real annotation, Optional unwrapped: int, float, bool, str,
     dict (of str) or list (of str)."""
-    out = {}
-    for name, hint in typing.get_type_hints(JobSpec).items():
-        args = [a for a in typing.get_args(hint) if a is not type(None)]
-        if typing.get_origin(hint) in (typing.Union, types.UnionType):
-            hint = args[0]
-        out[name] = typing.get_origin(hint) or hint
-    return out
+    return {name: kind for name, (kind, _) in _annotations().items()}
 
 
 @lru_cache(maxsize=1)
 def optional_fields() -> frozenset[str]:
-    return frozenset(name for name, hint in typing.get_type_hints(JobSpec).items()
-                     if type(None) in typing.get_args(hint))
+    return frozenset(name for name, (_, optional) in _annotations().items() if optional)
+
+
+#: The annotations JobSpec's fields are written with, read without eval: typing.get_type_hints
+#: compiles and evaluates every annotation string (`from __future__ import annotations`), which
+#: was most of importing `submitter.cli`. Any other spelling falls back to get_type_hints.
+_PLAIN_ANNOTATIONS = {"str": str, "int": int, "float": float, "bool": bool,
+                      "dict[str, str]": dict, "list[str]": list}
+
+
+@lru_cache(maxsize=1)
+def _annotations() -> dict[str, tuple[Any, bool]]:
+    """field name -> (its type, Optional unwrapped; whether it is Optional)."""
+    out: dict[str, tuple[Any, bool]] = {}
+    for f in dataclasses.fields(JobSpec):
+        text = f.type if isinstance(f.type, str) else ""
+        optional = text.startswith("Optional[") and text.endswith("]")
+        kind = _PLAIN_ANNOTATIONS.get(text[len("Optional["):-1] if optional else text)
+        if kind is None:
+            return _annotations_evaluated()
+        out[f.name] = (kind, optional)
+    return out
+
+
+def _annotations_evaluated() -> dict[str, tuple[Any, bool]]:
+    out = {}
+    for name, hint in typing.get_type_hints(JobSpec).items():
+        optional = type(None) in typing.get_args(hint)
+        if typing.get_origin(hint) in (typing.Union, types.UnionType):
+            hint = [a for a in typing.get_args(hint) if a is not type(None)][0]
+        out[name] = (typing.get_origin(hint) or hint, optional)
+    return out
 
 
 def defaults() -> dict[str, Any]:
