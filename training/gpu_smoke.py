@@ -1,6 +1,6 @@
 """GPU smoke run: the real entrypoint on one GPU, DDP and FSDP, compile on and off, save -> resume.
 
-    python -m training.gpu_smoke [--steps 20] [--cases ddp-eager,ddp-resume] [--work DIR]
+    python -m training.gpu_smoke [--steps 12] [--cases ddp-eager,ddp-resume] [--work DIR]
 
 Each case is one `python -m training` run (Ray Train, one worker, gpt2-small, the default
 settings but for a few steps per epoch), read from its event lines: tokens/s and
@@ -69,7 +69,7 @@ class Result:
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m training.gpu_smoke",
                                 description=__doc__.splitlines()[0])
-    p.add_argument("--steps", type=int, default=20, help="optimizer steps per epoch [default: 20]")
+    p.add_argument("--steps", type=int, default=12, help="optimizer steps per epoch [default: 12]")
     p.add_argument("--cases", default=",".join(c.name for c in CASES),
                    help="comma-separated cases [default: all: %(default)s]")
     p.add_argument("--work", default=os.path.expanduser("~/.cache/submitter-gpu-smoke"),

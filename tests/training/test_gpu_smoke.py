@@ -101,7 +101,7 @@ def test_arguments_and_the_case_plan():
     a = smoke.parse_args([])
     assert [c.name for c in a.cases] == ["ddp-eager", "ddp-compiled", "fsdp-eager", "fsdp-compiled",
                                          "ddp-resume"]
-    assert a.steps == 20
+    assert a.steps == 12
     planned = dict((c.name, why) for c, why in smoke.plan(a.cases, has_compile=True, cpu=False))
     assert set(planned.values()) == {None}
     without = dict((c.name, why) for c, why in smoke.plan(a.cases, has_compile=False, cpu=False))
