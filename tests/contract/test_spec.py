@@ -272,3 +272,18 @@ def test_jobspec_equality_hash_and_repr_as_a_dataclass_writes_them():
         hash(a)
     with pytest.raises(dataclasses.FrozenInstanceError):
         a.epochs = 3
+
+
+def test_every_default_passes_its_own_check():
+    """JobSpec skips the per-field check of a value equal to the field's default (render's
+    start-up compiles fewer patterns): so every default must pass that check."""
+    import dataclasses
+
+    from submitter.contract import spec as S
+
+    for f in dataclasses.fields(JobSpec):
+        if f.default not in (dataclasses.MISSING, None, ""):  # "": required (--name)
+            S._check_value(f, f.default)  # raises SpecError if a default is refused
+    # and a non-default value of the same field is still checked
+    with pytest.raises(S.SpecError, match="--gpu-toleration"):
+        JobSpec.build({"name": "x", "gpu_toleration": "bad toleration"})
