@@ -214,7 +214,7 @@ def render(output: str | None, output_dir: str | None, helm_values: bool, **opti
       submitter render --name gpt2-demo --helm-values > values.yaml
       helm template gpt2-demo charts/submitter -f values.yaml
     """
-    from submitter.api import render as render_plan
+    from submitter.render import render as render_plan  # what api.render wraps, lighter
 
     kind, directory = render_target(output, output_dir, helm_values)
     spec = build_spec(options)

@@ -26,7 +26,8 @@ import yaml
 
 from submitter.contract import naming
 from submitter.contract.errors import UsageError
-from submitter.contract.spec import GROUPS, JobSpec, camel, defaults, normalize_keys, parse_document
+from submitter.contract.spec import (GROUPS, MAX_INT_LITERAL, JobSpec, OversizedNumber, camel,
+                                     defaults, normalize_keys, parse_document)
 
 #: Largest job file read (a job file is a few KiB; a manifest stream a few tens).
 MAX_BYTES = 1 << 20
@@ -108,7 +109,17 @@ def _yaml12_ints(base: Any) -> Any:
     loader.add_implicit_resolver(
         int_tag, re.compile(r"^(?:[-+]?0b[0-1_]+|[-+]?0[0-7_]+|[-+]?(?:0|[1-9][0-9_]*)"
                             r"|[-+]?0x[0-9a-fA-F_]+)$"), list("-+0123456789"))
+    loader.add_constructor(int_tag, _construct_int)
     return loader
+
+
+def _construct_int(loader: Any, node: Any) -> Any:
+    """YAML's int, or past int()'s 4,300-digit limit (a ValueError traceback in PyYAML) an
+    OversizedNumber, which the setting's check refuses by name, like any out-of-range number."""
+    text = str(node.value).replace("_", "")
+    if text.lstrip("+-").isdigit() and len(text.lstrip("+-")) > MAX_INT_LITERAL:
+        return OversizedNumber(len(text.lstrip("+-")), text.startswith("-"))
+    return yaml.constructor.SafeConstructor.construct_yaml_int(loader, node)
 
 
 #: libyaml when present: parsing 1 MiB takes a fifth of a second instead of several seconds.

@@ -54,11 +54,20 @@ NASTY = ["", " ", "-", "--fsdp", "-x", "a\nb", "a\rb", "\x00", "\t", "${HOME}", 
          "runs", "../x", "file:///mnt/checkpoints", "16Gi", "0", "500m", "1.5", "2147483648",
          "-2147483649", "nan", "inf", "gpt2-small", "tiny", "ReadWriteMany", "Always", "byte",
          "gpt2-demo", "A=1", "=x", "KEY=", "SUBMITTER_JOB=x", "PATH=/bin"]
+#: Numbers at the edge (#19 item 8), as text: past int32, 400 digits (a float overflows), past
+#: int()'s 4,300-digit limit, floats that overflow, infinities and NaN in YAML's and JSON's words.
+NUMERIC_EXTREMES = ["9" * 400, "-" + "9" * 400, "9" * 5000, "-" + "9" * 5000, "9" * 400 + ".5",
+                    "1e999", "-1e999", "1.0e+999", "2e308", ".inf", "-.inf", ".nan", "inf",
+                    "-Infinity", "NaN"]
+#: Past what a whole number (int32) or a Kubernetes quantity (2^63-1) holds, yet a finite float.
+WHOLE_EXTREMES = ["9" * 20, "-" + "9" * 20, "99999999999999999999Gi"]
+NASTY += NUMERIC_EXTREMES + WHOLE_EXTREMES
 
 scalar_text = st.one_of(st.sampled_from(NASTY), st.text(max_size=20),
                         st.from_regex(r"[a-z][a-z0-9-]{0,10}", fullmatch=True))
 numbers = st.one_of(st.integers(-2**40, 2**40), st.integers(-3, 70),
-                    st.floats(allow_nan=True, allow_infinity=True), st.booleans())
+                    st.floats(allow_nan=True, allow_infinity=True), st.booleans(),
+                    st.sampled_from([10**400, -10**400, 2**63, 1e308, -1e308]))
 
 
 def value_for(name: str) -> st.SearchStrategy:
@@ -356,6 +365,65 @@ def test_fuzz_job_files(scratch):
 
     case()
     assert COUNTS["jobfile"] >= BUDGET["jobfile"]
+
+
+# --- numbers at the edge, every numeric field, every source (not random: all of them) ------------
+
+def _numeric_fields() -> list[str]:
+    """Fields that hold a number: ints, floats, Kubernetes quantities and --replicas."""
+    out = []
+    for f in dataclasses.fields(JobSpec):
+        check = getattr(f.metadata["check"], "__name__", "")
+        if TYPES[f.name] in (int, float) or check in ("_positive_quantity", "_replicas"):
+            out.append(f.name)
+    return out
+
+
+NUMERIC_FIELDS = _numeric_fields()
+
+
+def test_the_numeric_fields_are_found():
+    assert {"learning_rate", "epochs", "seed", "cpu_per_pod", "memory_per_pod", "replicas",
+            "val_percent", "global_batch_size"} <= set(NUMERIC_FIELDS)
+
+
+def _one_line_exit_2(result: Any, what: str) -> None:
+    assert "Traceback" not in result.output, what
+    assert result.exit_code == 2 and isinstance(result.exception, SystemExit), (what, result.output[-300:])
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and len(lines[0]) <= 300, (what, lines)
+    assert result.stdout == ""
+
+
+@pytest.mark.parametrize("name", NUMERIC_FIELDS)
+def test_numeric_extremes_are_refused_with_one_line_from_every_source(name, scratch):
+    """Flags, job files (snake_case), Helm values files (camelCase) and the pod's job document:
+    huge integers (400 and 5,000 digits), overflowing floats, +-inf and NaN are one line, exit 2."""
+    runner = CliRunner()
+    path = os.path.join(scratch, f"extreme-{name}.yaml")
+    for text in NUMERIC_EXTREMES + (WHOLE_EXTREMES if TYPES[name] is not float else []):
+        what = f"{name}={text[:12]}...({len(text)})"
+        _one_line_exit_2(runner.invoke(main, ["render", "--name", "j", f"{flag_name(name)}={text}"]),
+                         "flag " + what)
+        for key in (name, camel(name)):  # a job file, a values file
+            with open(path, "w") as fh:
+                fh.write(f"name: j\n{key}: {text}\n")
+            _one_line_exit_2(runner.invoke(main, ["render", "-f", path]), f"file {key} {what}")
+        literal = {".inf": "Infinity", "-.inf": "-Infinity", ".nan": "NaN", "inf": "Infinity"}.get(text, text)
+        for document in ('{"name":"j","%s":%s}' % (camel(name), literal),
+                         '{"name":"j","%s":"%s"}' % (camel(name), text)):
+            with pytest.raises(UsageError) as refused:
+                JobSpec.from_document(document)
+            check_refusal(refused.value)
+
+
+def test_python_values_at_the_edge_are_refused_not_raised():
+    """The Python API (JobSpec.build) with ints past int()'s print limit and non-finite floats."""
+    for name in NUMERIC_FIELDS:
+        for value in (10**400, -10**400, 10**5000, float("inf"), float("-inf"), float("nan")):
+            with pytest.raises(UsageError) as refused:
+                JobSpec.build({"name": "j", name: value})
+            check_refusal(refused.value)
 
 
 def test_the_budget_is_at_least_ten_thousand_cases():

@@ -40,6 +40,7 @@ from typing import Any, Callable, Iterable, Mapping, Optional
 
 from submitter.contract.errors import UsageError
 from submitter.contract.tracking import tracker_env_problem
+from training.flops import peak_for
 from training.object_store import split_uri
 from training.run_identity import RUN_FILE, is_local, join, read_json
 
@@ -52,11 +53,6 @@ WANDB_FILE = "wandb.json"
 PROGRESS_METRICS = {"loss": "train/loss", "lr": "train/lr", "tokens_per_sec": "train/tokens_per_sec",
                     "data_wait_fraction": "train/data_wait_fraction", "grad_norm": "train/grad_norm"}
 EPOCH_METRICS = {"val_loss": "val/loss", "train_loss": "train/epoch_loss", "epoch": "train/epoch"}
-#: Dense bf16/fp16 tensor-core peaks (TFLOP/s) by device-name fragment (vendor data sheets):
-#: MFU is written where the run's GPU is one of these.
-PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "A10G": 125.0,
-               "L4": 121.0, "A10": 125.0, "T4": 65.0, "V100": 125.0, "RTX 4090": 165.0,
-               "RTX 3090": 71.0}
 #: Settings that are no metric of the run and may hold what is nobody's business in a tracker.
 PRIVATE_SETTINGS = ("env", "secret_env", "env_from_secret")
 #: Seconds a backend gets to drain its queue when the run ends (an artifact upload included).
@@ -117,10 +113,10 @@ def check_installed(environ: Mapping[str, str],
 # --- events -> metric points (pure) ------------------------------------------------------------
 
 def peak_tflops(gpu: Optional[str]) -> Optional[float]:
-    for key, value in PEAK_TFLOPS.items():
-        if gpu and key in gpu:
-            return value
-    return None
+    """The run's GPU's dense 16-bit peak (training.flops, the table the GPU smoke run uses), or
+    None: MFU is written only where the card is known."""
+    peak = peak_for(gpu) if gpu else None
+    return peak.tflops if peak else None
 
 
 def points_of(event: Mapping[str, Any], facts: Mapping[str, Any],

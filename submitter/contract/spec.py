@@ -86,29 +86,52 @@ GROUPS = ("job", "resources", "scheduling", "storage", "training", "data", "chec
 MAX_NAME_LENGTH = 47
 #: Kubernetes stores integers of most of these fields as int32.
 INT32_MAX = 2**31 - 1
+#: The largest quantity Kubernetes represents ("no quantity may represent a number greater than
+#: 2^63-1", resource.Quantity); larger ones would be capped by the API server, not refused.
+QUANTITY_MAX = 2**63 - 1
+#: Digits of the longest whole number written as text that we turn into an int: a setting's
+#: range is far smaller, and int() refuses over 4,300 digits (ValueError) anyway.
+MAX_INT_DIGITS = 30
 #: Longest text value accepted (a path, a URI, a dataset name): error lines stay readable.
 MAX_TEXT = 1024
-_DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
-_DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-_DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-_QUANTITY = re.compile(r"^(\d+(\.\d+)?|\.\d+)(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$", re.ASCII)
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_IMAGE = re.compile(r"^[a-z0-9]+([._/:@-][A-Za-z0-9_.-]+)*$")
+class _LazyPattern:
+    """re.compile on first use: a `submitter render` process checks a handful of these patterns,
+    and compiling all of them at import was a sixth of importing this module. `.pattern` (the
+    schemas read it at import) needs no compiling."""
+
+    __slots__ = ("pattern", "flags", "_compiled")
+
+    def __init__(self, pattern: str, flags: int = 0) -> None:
+        self.pattern, self.flags = pattern, flags
+
+    def __getattr__(self, name: str) -> Any:  # fullmatch, match, search, sub...
+        if name == "_compiled":
+            self._compiled = re.compile(self.pattern, self.flags)
+            return self._compiled
+        return getattr(self._compiled, name)
+
+
+_DNS1035 = _LazyPattern(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+_DNS1123_LABEL = _LazyPattern(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_DNS1123_SUBDOMAIN = _LazyPattern(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_QUANTITY = _LazyPattern(r"^(\d+(\.\d+)?|\.\d+)(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$", re.ASCII)
+_ENV_NAME = _LazyPattern(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_IMAGE = _LazyPattern(r"^[a-z0-9]+([._/:@-][A-Za-z0-9_.-]+)*$")
 #: ASCII digits only: int("٤") is 4 in Python, but no YAML or Go parser downstream agrees.
-_INT = re.compile(r"^[+-]?[0-9]+$")
-_FLOAT = re.compile(r"^[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?$")
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_INT = _LazyPattern(r"^[+-]?[0-9]+$")
+_FLOAT = _LazyPattern(r"^[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?$")
+_CONTROL = _LazyPattern(r"[\x00-\x1f\x7f]")
 # Kubernetes label syntax: a key is an optional DNS-subdomain prefix and a name; a value may be empty.
 _LABEL_NAME = r"([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)"
 _LABEL_PREFIX = r"([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)"
-_LABEL_KEY = re.compile(f"^{_LABEL_PREFIX}?{_LABEL_NAME}$")
-_LABEL_VALUE = re.compile(f"^{_LABEL_NAME}?$")
+_LABEL_KEY = _LazyPattern(f"^{_LABEL_PREFIX}?{_LABEL_NAME}$")
+_LABEL_VALUE = _LazyPattern(f"^{_LABEL_NAME}?$")
 #: A toleration as a flag writes it: KEY[=VALUE]:EFFECT.
-_TOLERATION = re.compile(f"^(?P<key>{_LABEL_PREFIX}?{_LABEL_NAME})(=(?P<value>{_LABEL_NAME}?))?"
+_TOLERATION = _LazyPattern(f"^(?P<key>{_LABEL_PREFIX}?{_LABEL_NAME})(=(?P<value>{_LABEL_NAME}?))?"
                          f":(?P<effect>{'|'.join(TAINT_EFFECTS)})$")
 #: A Secret's key (Kubernetes' ConfigMap/Secret key syntax).
 _SECRET_KEY = r"[-._a-zA-Z0-9]+"
-_SECRET_REF = re.compile(f"^(?P<secret>{_DNS1123_SUBDOMAIN.pattern[1:-1]}):(?P<key>{_SECRET_KEY})$")
+_SECRET_REF = _LazyPattern(f"^(?P<secret>{_DNS1123_SUBDOMAIN.pattern[1:-1]}):(?P<key>{_SECRET_KEY})$")
 #: Environment variable names that hold credentials: --env would write them in plain text into
 #: the RayJob (and every GitOps copy of it); --secret-env takes them from a Secret instead.
 _CREDENTIAL_ENV = r"(?i)(SECRET|TOKEN|PASSWORD|PASSWD|API_?KEY|ACCESS_KEY|PRIVATE_KEY|CREDENTIAL)"
@@ -182,7 +205,7 @@ def _subdomain(what: str) -> Check:
 
 
 #: A quantity above zero (Kubernetes' own syntax, no sign, no exponent).
-_POSITIVE_QUANTITY = re.compile(r"^(0*[1-9][0-9]*(\.[0-9]+)?|0*\.?0*[1-9][0-9]*|0+\.[0-9]*[1-9][0-9]*)"
+_POSITIVE_QUANTITY = _LazyPattern(r"^(0*[1-9][0-9]*(\.[0-9]+)?|0*\.?0*[1-9][0-9]*|0+\.[0-9]*[1-9][0-9]*)"
                                 r"(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$")
 
 
@@ -193,6 +216,8 @@ def _positive_quantity(v: str) -> str | None:
         return f"{_show(v)} is not a Kubernetes quantity (e.g. 4, 500m, 16Gi)"
     if not _POSITIVE_QUANTITY.fullmatch(v):
         return f"{_show(v)} must be more than zero"
+    if _quantity_value(v) > QUANTITY_MAX:  # float: a 400-digit quantity is inf, not a traceback
+        return f"{_show(v)} is larger than Kubernetes allows for a quantity (2^63-1)"
     return None
 
 
@@ -208,7 +233,7 @@ def _between(lo: int, hi: int = INT32_MAX) -> Check:
 
 
 #: --replicas: N (a fixed group) or MIN:MAX (an elastic one); ASCII digits, no spaces.
-_REPLICAS = re.compile(r"^([1-9][0-9]{0,4})(:([1-9][0-9]{0,4}))?$", re.ASCII)
+_REPLICAS = _LazyPattern(r"^([1-9][0-9]{0,4})(:([1-9][0-9]{0,4}))?$", re.ASCII)
 MAX_REPLICAS = 10_000
 
 
@@ -504,7 +529,9 @@ def _mount(v: str) -> str | None:
 
 # --- the spec -----------------------------------------------------------------------------------
 
-@dataclass(frozen=True)
+# repr, eq and hash are written below, not generated: generating them for ~75 fields (one exec
+# each) was a third of importing this module, which every `submitter render` pays.
+@dataclass(frozen=True, repr=False, eq=False)
 class JobSpec:
     """Everything that defines one training job. Construct it with `JobSpec.build(...)`."""
 
@@ -888,6 +915,21 @@ class JobSpec:
             return self.image_pull_policy
         return "Always" if image_is_mutable(self.resolved_image) else "IfNotPresent"
 
+    def _values(self) -> tuple[Any, ...]:
+        return tuple(getattr(self, name) for name in _field_names())
+
+    def __eq__(self, other: object) -> bool:  # as dataclass(eq=True) writes it
+        if other.__class__ is self.__class__:
+            return self._values() == other._values()  # type: ignore[attr-defined]
+        return NotImplemented
+
+    def __hash__(self) -> int:  # as dataclass(frozen=True, eq=True) writes it
+        return hash(self._values())
+
+    def __repr__(self) -> str:
+        return (f"{self.__class__.__qualname__}("
+                + ", ".join(f"{name}={getattr(self, name)!r}" for name in _field_names()) + ")")
+
     def to_dict(self) -> dict[str, Any]:
         """The fields as plain data (job-file form, snake_case). A fixed --replicas N is the
         number N, as before ranges existed (an image that predates them reads the document);
@@ -1007,7 +1049,7 @@ def global_batch_problem(global_batch: int, min_workers: int, max_workers: int,
 def parse_document(text: str) -> dict[str, Any]:
     """A job document's settings (a JSON object), or SpecError saying what is wrong."""
     try:
-        data = json.loads(text)
+        data = json.loads(text, parse_int=oversized_or_int)
     except (ValueError, RecursionError) as e:
         where = f" ({e.msg} at character {e.pos})" if isinstance(e, json.JSONDecodeError) else ""
         raise SpecError(f"the job document is not valid JSON{where}; it is what "
@@ -1079,22 +1121,51 @@ def fields() -> tuple[dataclasses.Field, ...]:
 
 
 @lru_cache(maxsize=1)
+def _field_names() -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(JobSpec))
+
+
+@lru_cache(maxsize=1)
 def field_types() -> dict[str, Any]:
     """Each field's type from its real annotation, Optional unwrapped: int, float, bool, str,
     dict (of str) or list (of str)."""
-    out = {}
-    for name, hint in typing.get_type_hints(JobSpec).items():
-        args = [a for a in typing.get_args(hint) if a is not type(None)]
-        if typing.get_origin(hint) in (typing.Union, types.UnionType):
-            hint = args[0]
-        out[name] = typing.get_origin(hint) or hint
-    return out
+    return {name: kind for name, (kind, _) in _annotations().items()}
 
 
 @lru_cache(maxsize=1)
 def optional_fields() -> frozenset[str]:
-    return frozenset(name for name, hint in typing.get_type_hints(JobSpec).items()
-                     if type(None) in typing.get_args(hint))
+    return frozenset(name for name, (_, optional) in _annotations().items() if optional)
+
+
+#: The annotations JobSpec's fields are written with, read without eval: typing.get_type_hints
+#: compiles and evaluates every annotation string (`from __future__ import annotations`), which
+#: was most of importing `submitter.cli`. Any other spelling falls back to get_type_hints.
+_PLAIN_ANNOTATIONS = {"str": str, "int": int, "float": float, "bool": bool,
+                      "dict[str, str]": dict, "list[str]": list}
+
+
+@lru_cache(maxsize=1)
+def _annotations() -> dict[str, tuple[Any, bool]]:
+    """field name -> (its type, Optional unwrapped; whether it is Optional)."""
+    out: dict[str, tuple[Any, bool]] = {}
+    for f in dataclasses.fields(JobSpec):
+        text = f.type if isinstance(f.type, str) else ""
+        optional = text.startswith("Optional[") and text.endswith("]")
+        kind = _PLAIN_ANNOTATIONS.get(text[len("Optional["):-1] if optional else text)
+        if kind is None:
+            return _annotations_evaluated()
+        out[f.name] = (kind, optional)
+    return out
+
+
+def _annotations_evaluated() -> dict[str, tuple[Any, bool]]:
+    out = {}
+    for name, hint in typing.get_type_hints(JobSpec).items():
+        optional = type(None) in typing.get_args(hint)
+        if typing.get_origin(hint) in (typing.Union, types.UnionType):
+            hint = [a for a in typing.get_args(hint) if a is not type(None)][0]
+        out[name] = (typing.get_origin(hint) or hint, optional)
+    return out
 
 
 def defaults() -> dict[str, Any]:
@@ -1162,15 +1233,21 @@ def _coerce(name: str, value: Any) -> Any:
         default = defaults()[name]
         raise SpecError(f"{flag} must have a value (got null); leave it out to use the default "
                         f"{default!r}" if default != "" else f"{flag} must have a value (got null)")
+    if isinstance(value, OversizedNumber) or (kind in (int, float) and _is_huge_int(value)):
+        raise SpecError(_out_of_range(flag, kind, value))
     if kind is int:
         if isinstance(value, str) and _INT.fullmatch(value.strip()):
+            digits = len(value.strip().lstrip("+-").lstrip("0"))
+            if digits > MAX_INT_DIGITS:
+                raise SpecError(_out_of_range(flag, kind, OversizedNumber(
+                    digits, value.strip().startswith("-"))))
             value = int(value)
         if isinstance(value, bool) or not isinstance(value, int):
             raise SpecError(f"{flag} must be a whole number, got {_show(value)}")
         return value
     if kind is float:
         if isinstance(value, str) and _FLOAT.fullmatch(value.strip()):
-            value = float(value)
+            value = float(value)  # no digit limit: a 5,000-digit text is inf, refused below
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise SpecError(f"{flag} must be a number, got {_show(value)}")
         if not math.isfinite(value):
@@ -1194,12 +1271,21 @@ def _coerce(name: str, value: Any) -> Any:
 def _scalar_str(flag: str, value: Any) -> str:
     if isinstance(value, bool) or not isinstance(value, (str, int, float)):
         raise SpecError(f"{flag} must be text, got {_show(value)}")
+    if _is_huge_int(value, MAX_TEXT):  # str() of it would be too long (or, > 4,300 digits, fail)
+        raise SpecError(f"{flag}: {_show(value)} is too long (at most {MAX_TEXT} characters)")
     if isinstance(value, float) and not math.isfinite(value):
         raise SpecError(f"{flag} must be text or a finite number, got {_show(value)}")
     return str(value)
 
 
 def _check_field(f: dataclasses.Field, value: Any) -> None:
+    if value not in (None, "") and type(value) is type(f.default) and value == f.default:
+        return  # a default passes its check (tests/contract/test_spec.py proves it for each);
+                # "" is a required setting's placeholder (--name), which must be refused
+    _check_value(f, value)
+
+
+def _check_value(f: dataclasses.Field, value: Any) -> None:
     for text in _strings(value):
         try:
             text.encode("utf-8")
@@ -1209,8 +1295,7 @@ def _check_field(f: dataclasses.Field, value: Any) -> None:
             raise SpecError(f"{flag_name(f.name)}: a value of {len(text)} characters is too long "
                             f"(at most {MAX_TEXT})")
     if isinstance(value, int) and not isinstance(value, bool) and not -INT32_MAX - 1 <= value <= INT32_MAX:
-        raise SpecError(f"{flag_name(f.name)}: must be at most {INT32_MAX} (Kubernetes stores it "
-                        f"as a 32-bit integer), got {value}")
+        raise SpecError(_out_of_range(flag_name(f.name), int, value))
     check = f.metadata["check"]
     if check is not None and value is not None:
         problem = check(value)
@@ -1229,9 +1314,63 @@ def _strings(value: Any) -> list[str]:
 
 
 def _show(value: Any, limit: int = 60) -> str:
-    """repr() cut to a readable length: an error line never carries a 50 MB value."""
+    """repr() cut to a readable length: an error line never carries a 50 MB value (nor a
+    5,000-digit number, whose repr() would raise ValueError)."""
+    if _is_huge_int(value, limit):
+        value = OversizedNumber(_digits(value), value < 0)
     text = repr(value)
     return text if len(text) <= limit else text[:limit] + f"... ({len(text)} characters)"
+
+
+class OversizedNumber:
+    """A whole number too long for a setting, kept as its size: what a job file or a job
+    document holds where Python's int() refuses the literal (over 4,300 digits), and how an
+    error line shows any number too long to print."""
+
+    __slots__ = ("digits", "negative")
+
+    def __init__(self, digits: int, negative: bool = False) -> None:
+        self.digits, self.negative = digits, negative
+
+    def __repr__(self) -> str:
+        return f"a {'negative ' if self.negative else ''}{self.digits:,}-digit number"
+
+
+def oversized_or_int(text: str) -> "int | OversizedNumber":
+    """int(text) for a parser's integer literal, or OversizedNumber past int()'s limit, so the
+    setting it was given for is named in the error rather than a ValueError traceback."""
+    digits = len(text.lstrip("+-"))
+    if digits > MAX_INT_LITERAL:
+        return OversizedNumber(digits, text.startswith("-"))
+    return int(text)
+
+
+#: Python's default int() limit on decimal digits (sys.get_int_max_str_digits()); a constant, so
+#: a program that raised its own limit still gets the same answers from the contract.
+MAX_INT_LITERAL = 4300
+
+
+def _is_huge_int(value: Any, digits: int = MAX_INT_DIGITS) -> bool:
+    """An int (not a bool) with more than `digits` decimal digits, decided without str()."""
+    return isinstance(value, int) and not isinstance(value, bool) and _digits(value) > digits
+
+
+def _digits(value: int) -> int:
+    """Decimal digits of |value|, without str() (which refuses over 4,300 digits)."""
+    value = abs(value)
+    n = int(value.bit_length() * 0.30102999566398)  # log10(2): n or n + 1 digits
+    return n + 1 if value >= 10 ** n else max(n, 1)
+
+
+def _out_of_range(flag: str, kind: Any, value: Any) -> str:
+    shown = _show(value)
+    if kind is int:
+        negative = value.negative if isinstance(value, OversizedNumber) else value < 0
+        bound = f"at least {-INT32_MAX - 1}" if negative else f"at most {INT32_MAX}"
+        return f"{flag}: must be {bound} (Kubernetes stores it as a 32-bit integer), got {shown}"
+    if kind is float:
+        return f"{flag} must be a finite number, got {shown}"
+    return f"{flag}: {shown} is out of range"
 
 
 def _copy(value: Any) -> Any:

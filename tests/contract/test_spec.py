@@ -249,3 +249,42 @@ def test_a_head_below_what_its_processes_take_is_refused():
 def test_the_default_pod_fits_the_readme_headline_job():
     spec = JobSpec.build(name="gpt2-demo", replicas=8, gpu_per_pod=1)
     assert spec.memory_per_pod == "16Gi" and spec.num_train_workers == 8
+
+
+def test_field_types_read_without_eval_match_typing():
+    """field_types()/optional_fields() read the annotation text (render's start-up); they must
+    say what typing.get_type_hints says, for every field, so a new setting cannot drift."""
+    from submitter.contract import spec as S
+
+    assert S._annotations() == S._annotations_evaluated()
+    assert S.field_types()["replicas"] is str and S.field_types()["env"] is dict
+    assert "block_size" in S.optional_fields() and "epochs" not in S.optional_fields()
+
+
+def test_jobspec_equality_hash_and_repr_as_a_dataclass_writes_them():
+    import dataclasses
+
+    a, b = JobSpec.build({"name": "x"}), JobSpec.build({"name": "x"})
+    c = dataclasses.replace(a, epochs=a.epochs + 1)
+    assert a == b and a != c and a.__eq__(object()) is NotImplemented
+    assert repr(a).startswith("JobSpec(name='x', namespace='default', ") and repr(a).endswith(")")
+    assert repr(a).count("=") >= len(dataclasses.fields(JobSpec))
+    with pytest.raises(TypeError):  # dict and list fields: unhashable, as a generated __hash__ is
+        hash(a)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        a.epochs = 3
+
+
+def test_every_default_passes_its_own_check():
+    """JobSpec skips the per-field check of a value equal to the field's default (render's
+    start-up compiles fewer patterns): so every default must pass that check."""
+    import dataclasses
+
+    from submitter.contract import spec as S
+
+    for f in dataclasses.fields(JobSpec):
+        if f.default not in (dataclasses.MISSING, None, ""):  # "": required (--name)
+            S._check_value(f, f.default)  # raises SpecError if a default is refused
+    # and a non-default value of the same field is still checked
+    with pytest.raises(S.SpecError, match="--gpu-toleration"):
+        JobSpec.build({"name": "x", "gpu_toleration": "bad toleration"})

@@ -129,14 +129,22 @@ def emit(seq, type_, **fields):
     print(ev.to_stdout_line(ev.make_event(type_, seq=seq, **fields)), flush=True)
 emit(1, "run_started", run_name=spec.run_name, num_workers=spec.num_train_workers,
      storage_path=spec.storage_path, epochs=spec.epochs, steps_per_epoch=3)
-for step in range(1, 4):
-    emit(1 + step, "progress", epoch=1, step=step, loss=5.0 - step, tokens_per_sec=100.0, lr=1e-3)
 if os.environ.get("FAKE_MODE") == "hang":
+    # Ctrl-C handling is in place before the first progress line, so a test that presses Ctrl-C
+    # after seeing one never races the child's start-up (the real entrypoint installs Ray
+    # Train's handler the same way, whatever SIGINT disposition it inherited).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
-        time.sleep(60)
+        for step in range(1, 4):
+            emit(1 + step, "progress", epoch=1, step=step, loss=5.0 - step,
+                 tokens_per_sec=100.0, lr=1e-3)
+        while True:  # "training" until interrupted; the test's timeout guards against a hang
+            time.sleep(1)
     except KeyboardInterrupt:
         emit(5, "run_failed", error="interrupted (Ctrl-C)")
         sys.exit(130)
+for step in range(1, 4):
+    emit(1 + step, "progress", epoch=1, step=step, loss=5.0 - step, tokens_per_sec=100.0, lr=1e-3)
 if os.environ.get("FAKE_MODE") == "fail":
     emit(5, "run_failed", error="RuntimeError: boom")
     sys.exit(1)
@@ -197,14 +205,21 @@ def test_ctrl_c_is_forwarded_and_the_run_is_recorded_as_interrupted(storage, fak
 
     def interrupt_after_progress(event):
         original(event)
-        if event.get("step") == 3:  # the child is training: press Ctrl-C in the CLI
-            threading.Timer(0.2, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+        if event.get("step") == 3:  # the child is training with its handler installed: Ctrl-C
+            threading.Thread(target=os.kill, args=(os.getpid(), signal.SIGINT)).start()
 
     view.event = interrupt_after_progress
     spec = local_spec({}, {}, str(storage))
-    outcome = local.follow_child(spec, str(storage), view)
+    # Ctrl-C in a terminal: Python's handler, also when pytest was started with SIGINT ignored
+    # (a background job of a non-interactive shell), which would make the press a no-op.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        outcome = local.follow_child(spec, str(storage), view)
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert outcome.exit_code == 130 and not outcome.ok
-    assert outcome.state.status == "failed" and "interrupted" in outcome.error
+    # run_failed came from the child: the Ctrl-C was forwarded, and the run recorded it
+    assert outcome.state.status == "failed" and outcome.error == "interrupted (Ctrl-C)"
 
 
 def test_without_the_training_stack_local_exits_2_with_the_pip_command(runner, monkeypatch):
