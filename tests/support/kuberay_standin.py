@@ -102,7 +102,7 @@ class RbacEmulator(ApiEmulator):
         assert raw is not None
         token = raw.headers.get("Authorization", "").partition(" ")[2].strip()
         who = self.__dict__.setdefault("_sa_tokens", {}).get(token)
-        if who is None and token and token != ADMIN_TOKEN:
+        if who is None and token != ADMIN_TOKEN:  # no token, or one nobody issued
             return _status(401, "Unauthorized", "Unauthorized")
         route = parse_route(raw.path)
         if who is not None and route is not None:
@@ -241,6 +241,14 @@ class Attempt:
     token: str
     ports: dict[str, int]
     pods: list[Pod] = field(default_factory=list)
+    #: Ray's state API at the job's end: every actor (class_name, node_id, state) and node.
+    actors: list[dict] = field(default_factory=list)
+    nodes: list[dict] = field(default_factory=list)
+
+    def node_of(self, actor_class: str) -> list[dict]:
+        """The nodes the actors of `actor_class` ran on."""
+        ids = {a.get("node_id") for a in self.actors if a.get("class_name") == actor_class}
+        return [n for n in self.nodes if n.get("node_id") in ids]
 
 
 class KubeRayStandIn:
@@ -376,6 +384,7 @@ class KubeRayStandIn:
                 last = status
             if status in ("SUCCEEDED", "FAILED", "STOPPED"):
                 submitter.proc.wait(60)
+                attempt.actors, attempt.nodes = self._state(attempt, "actors"), self._state(attempt, "nodes")
                 return status, info
             if not submitter.alive() and job is None:
                 return "FAILED", info  # the submitter could not even reach the dashboard
@@ -403,6 +412,16 @@ class KubeRayStandIn:
                 return json.loads(response.read())
         except (urllib.error.URLError, OSError, ValueError):
             return None
+
+    def _state(self, attempt: Attempt, what: str) -> list[dict]:
+        """Ray's state API (`ray list actors|nodes`) on the head's dashboard, before teardown."""
+        url = f"http://127.0.0.1:{attempt.ports['dashboard']}/api/v0/{what}?limit=1000&detail=1"
+        request = urllib.request.Request(url, headers={"Authorization": f"Bearer {attempt.token}"})
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:
+                return json.loads(response.read())["data"]["result"]["result"]
+        except (urllib.error.URLError, OSError, ValueError, KeyError):
+            return []
 
     def _wait_dashboard(self, attempt: Attempt, timeout: float = 180.0) -> None:
         deadline = time.monotonic() + timeout
