@@ -182,3 +182,29 @@ def test_the_driver_tells_a_sink_problem_once_in_the_job_log(monkeypatch):
     poller.tell_problems()
     assert len(shown) == 3
     assert len(told) == 1 and told[0].startswith("progress unavailable: configmap/cm")
+
+
+def test_the_emitter_actor_is_pinned_to_the_drivers_node_not_preferred(monkeypatch):
+    """Only the driver's pod (the head) mounts the service-account token the ConfigMap sink
+    needs: the actor's node affinity must be hard (a soft one put it on a worker in 2 of 5
+    runs). tests/test_kuberay_standin.py checks where it really ran."""
+    ray = pytest.importorskip("ray")
+    from training import driver
+
+    seen = {}
+
+    class Remote:
+        def options(self, **kwargs):
+            seen.update(kwargs)
+            return self
+
+        def remote(self, *args):
+            return "actor"
+
+    context = type("Ctx", (), {"get_node_id": lambda self: "ab" * 28})()
+    monkeypatch.setattr(ray, "remote", lambda cls: Remote())
+    monkeypatch.setattr(ray, "get_runtime_context", lambda: context)
+    monkeypatch.setattr(driver, "run_dir_of", lambda cfg: "/runs/x")
+    assert driver._start_hub(None) == "actor"
+    strategy = seen["scheduling_strategy"]
+    assert strategy.node_id == "ab" * 28 and strategy.soft is False
