@@ -12,6 +12,7 @@ import base64
 import json
 import os
 import subprocess
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -76,11 +77,10 @@ class Cluster:
         return ev.parse_lines(text) if text else []
 
     def job_log(self) -> str:
-        return "\n".join(p.output() for p in self.standin.pods("submitter", alive=False))
+        return "\n".join(p.output() for a in self.standin.attempts for p in a.pods if p.kind == "submitter")
 
     def explain(self) -> str:
-        return (f"--- submitter pod ---\n{self.job_log()[-6000:]}\n--- head ---\n"
-                + "".join(p.output()[-2000:] for p in self.standin.pods("head", alive=False)))
+        return "\n".join(a.story() for a in self.standin.attempts)
 
 
 @pytest.fixture
@@ -209,3 +209,54 @@ def test_a_head_without_the_token_says_so_once_and_status_says_why(cluster, monk
     assert "no service-account token in this pod" in lines[0]
     assert cluster.configmap_events() == []  # nothing reached the cluster...
     assert [e["type"] for e in cluster.bucket_events()][-1] == "run_finished"  # ...the bucket has it
+
+
+def in_background(fn) -> tuple[threading.Thread, list]:
+    errors: list = []
+
+    def guarded():
+        try:
+            fn()
+        except BaseException as e:  # noqa: BLE001 - reported by the test
+            errors.append(e)
+
+    thread = threading.Thread(target=guarded, daemon=True)
+    thread.start()
+    return thread, errors
+
+
+def first_checkpoint(cluster) -> dict | None:
+    saved = [e for e in cluster.configmap_events() if e["type"] == "checkpoint_saved"]
+    return saved[0] if saved else None
+
+
+def test_a_killed_worker_pod_is_replaced_and_the_run_resumes_from_its_checkpoint(cluster):
+    cluster.submit(max_steps_per_epoch=160, checkpoint_every=20, progress_every=10)
+    cluster.standin.run(NAME)
+    killed: list = []
+
+    def kill_after_the_first_checkpoint():
+        wait_for("a checkpoint", lambda: first_checkpoint(cluster))
+        worker = cluster.standin.pods("worker")[0]
+        cluster.standin.kill_pod(worker)  # the node is gone; KubeRay makes a new worker pod
+        killed.append(worker.name)
+
+    thread, errors = in_background(kill_after_the_first_checkpoint)
+    watched = cluster.cli("watch", NAME, "--timeout", WATCH_TIMEOUT)
+    thread.join(60)
+    assert not errors and killed, errors
+    assert watched.exit_code == 0, watched.output + cluster.explain()
+    events = cluster.configmap_events()
+    restarts = [e for e in events if e["type"] == "worker_group_restarted"]
+    assert restarts, [e["type"] for e in events]
+    resumed = restarts[0]["resumed_from"]
+    saved = [e for e in events if e["type"] == "checkpoint_saved"
+             and e["seq"] < restarts[0]["seq"]]
+    assert resumed and resumed == saved[-1]["path"], (resumed, saved)  # the last one before the kill
+    after = [e for e in events if e["type"] == "progress" and e["seq"] > restarts[0]["seq"]]
+    assert after and saved[-1]["step"] < after[0]["step"] <= saved[-1]["step"] + 10  # not from 0
+    assert "worker group restarted" in watched.output and "resumed from" in watched.output
+    workers = [p.name for p in cluster.standin.attempts[-1].pods if p.kind == "worker"]
+    assert len(workers) == 2 and killed[0] == workers[0]  # the lost pod and its replacement
+    assert len(cluster.standin.attempts) == 1, cluster.explain()  # Ray Train recovered: no RayJob retry
+    assert_sink_on_the_head(cluster)

@@ -241,9 +241,17 @@ class Attempt:
     token: str
     ports: dict[str, int]
     pods: list[Pod] = field(default_factory=list)
+    outcome: str = ""
     #: Ray's state API at the job's end: every actor (class_name, node_id, state) and node.
     actors: list[dict] = field(default_factory=list)
     nodes: list[dict] = field(default_factory=list)
+
+    def story(self) -> str:
+        """What went on in this attempt (for a failing test's message)."""
+        out = [f"attempt on {self.cluster}: {self.outcome or 'running'}"]
+        for pod in self.pods:
+            out.append(f"--- {pod.kind} {pod.name} (exit {pod.proc.poll()}) ---\n{pod.output()[-2500:]}")
+        return "\n".join(out)
 
     def node_of(self, actor_class: str) -> list[dict]:
         """The nodes the actors of `actor_class` ran on."""
@@ -299,7 +307,8 @@ class KubeRayStandIn:
             for attempt in self.attempts:
                 self._teardown(attempt)
         _kill_leftovers(self.root)
-        shutil.rmtree(self.root, ignore_errors=True)
+        if not os.environ.get("STANDIN_KEEP"):  # set it to read the pods' output afterwards
+            shutil.rmtree(self.root, ignore_errors=True)
 
     # --- the controller ----------------------------------------------------------------
     def _guarded(self, namespace: str, name: str) -> None:
@@ -320,6 +329,7 @@ class KubeRayStandIn:
         while not self._closing.is_set():
             attempt = self._start_cluster(namespace, name, spec)
             outcome, info = self._follow(namespace, name, spec, attempt)
+            attempt.outcome = outcome
             if spec.get("shutdownAfterJobFinishes", False) or outcome != "SUCCEEDED":
                 self._teardown(attempt)
             end = {"endTime": _now(), "rayJobInfo": info}
@@ -369,11 +379,13 @@ class KubeRayStandIn:
         self._status(namespace, name, jobDeploymentStatus="Running", jobStatus="")
         auth = (spec["rayClusterSpec"].get("authOptions") or {}).get("mode") == "token"
         submitter = self._start_submitter(namespace, name, attempt, spec, auth)
-        last, info = "", {}
+        last, info, unknown_since = "", {}, None
         while True:
             if self._closing.is_set():
                 return "closing", info
             job = self._job_info(attempt)
+            # a busy dashboard may not answer for a while: KubeRay keeps asking
+            unknown_since = None if job is not None else (unknown_since or time.monotonic())
             status = (job or {}).get("status", "")
             if job and job.get("start_time"):
                 info = {"startTime": _ms(job["start_time"])}
@@ -386,8 +398,9 @@ class KubeRayStandIn:
                 submitter.proc.wait(60)
                 attempt.actors, attempt.nodes = self._state(attempt, "actors"), self._state(attempt, "nodes")
                 return status, info
-            if not submitter.alive() and job is None:
-                return "FAILED", info  # the submitter could not even reach the dashboard
+            if not submitter.alive() and submitter.proc.returncode != 0 and unknown_since is not None \
+                    and time.monotonic() - unknown_since > 120:
+                return "FAILED", info  # the submitter failed and the dashboard knows no job
             if not attempt.pods[0].alive():  # the head is gone: the job with it
                 return "FAILED", info
             self._replace_lost_workers(namespace, spec, attempt, auth)
@@ -408,7 +421,7 @@ class KubeRayStandIn:
         url = f"http://127.0.0.1:{attempt.ports['dashboard']}/api/jobs/{attempt.submission_id}"
         request = urllib.request.Request(url, headers={"Authorization": f"Bearer {attempt.token}"})
         try:
-            with urllib.request.urlopen(request, timeout=10) as response:
+            with urllib.request.urlopen(request, timeout=30) as response:
                 return json.loads(response.read())
         except (urllib.error.URLError, OSError, ValueError):
             return None
