@@ -231,7 +231,7 @@ def first_checkpoint(cluster) -> dict | None:
 
 
 def test_a_killed_worker_pod_is_replaced_and_the_run_resumes_from_its_checkpoint(cluster):
-    cluster.submit(max_steps_per_epoch=160, checkpoint_every=20, progress_every=10)
+    cluster.submit(max_steps_per_epoch=100, checkpoint_every=20, progress_every=10)
     cluster.standin.run(NAME)
     killed: list = []
 
@@ -257,6 +257,7 @@ def test_a_killed_worker_pod_is_replaced_and_the_run_resumes_from_its_checkpoint
     assert after and saved[-1]["step"] < after[0]["step"] <= saved[-1]["step"] + 10  # not from 0
     assert "worker group restarted" in watched.output and "resumed from" in watched.output
     workers = [p.name for p in cluster.standin.attempts[-1].pods if p.kind == "worker"]
-    assert len(workers) == 2 and killed[0] == workers[0]  # the lost pod and its replacement
+    # the lost pod and its replacement (a replacement that fails to join is replaced in turn)
+    assert len(workers) >= 2 and killed[0] == workers[0], workers
     assert len(cluster.standin.attempts) == 1, cluster.explain()  # Ray Train recovered: no RayJob retry
     assert_sink_on_the_head(cluster)
