@@ -261,3 +261,4 @@ def test_a_killed_worker_pod_is_replaced_and_the_run_resumes_from_its_checkpoint
     assert len(workers) >= 2 and killed[0] == workers[0], workers
     assert len(cluster.standin.attempts) == 1, cluster.explain()  # Ray Train recovered: no RayJob retry
     assert_sink_on_the_head(cluster)
+

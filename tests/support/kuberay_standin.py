@@ -39,6 +39,11 @@ the code search available to the session that wrote this):
   put into the emulator as Running (KubeRay's labels) and removed when the cluster goes
   (shutdownAfterJobFinishes). A killed worker is replaced, as the RayCluster controller does,
   unless the test says the node is gone for good (`kill_pod(..., replace=False)`).
+- With `enableInTreeAutoscaling` (an elastic group) the autoscaler is not run: the group starts
+  at maxReplicas, what the autoscaler does for Ray Train's demand of its maximum.
+- SIGTERM: `signal_pod` sends it to the pod's main process, as kubelet does. In a real pod that
+  is PID 1 (KubeRay's `/bin/bash -lc -- "ulimit ...; ray start ..."`), which the kernel spares
+  any signal it has no handler for; here it is `ray start --block`, which drains the node.
 """
 
 from __future__ import annotations
@@ -368,7 +373,12 @@ class KubeRayStandIn:
                         head.get("rayStartParams") or {}, auth)
         self._wait_dashboard(attempt)
         for group in cluster_spec.get("workerGroupSpecs") or []:
-            for _ in range(int(group.get("replicas", 1))):
+            count = int(group.get("replicas", 1))
+            if cluster_spec.get("enableInTreeAutoscaling"):
+                # the in-tree autoscaler, stood in: Ray Train's elastic group asks for its
+                # maximum at once, and the autoscaler adds pods up to maxReplicas for it
+                count = int(group.get("maxReplicas", count))
+            for _ in range(count):
                 self._start_pod(namespace, attempt, "worker", group["groupName"], group["template"],
                                 group.get("rayStartParams") or {}, auth)
         return attempt
