@@ -106,6 +106,8 @@ def _print_states(states: list, output: str, single: bool, *, namespaces: bool =
                     click.echo(f"blocked: {s.diagnosis}")
                 if s.stalled:
                     click.echo(f"warning: {s.stalled}")
+                if s.no_progress:
+                    click.echo(f"warning: {s.no_progress}")
                 eta = None if s.terminal else eta_text(s.progress, utcnow())
                 if eta:
                     click.echo(eta)

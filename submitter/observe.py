@@ -19,7 +19,8 @@ from submitter.contract.errors import ClusterError
 from submitter.contract.naming import JOB_LABEL
 from submitter.diagnose import CLUSTER_LABEL, diagnose, job_pods, needs_events, pending_claims
 from submitter.kube import Kube
-from submitter.state import JobState, configmap_events, stalled, utcnow
+from submitter.contract.naming import object_names
+from submitter.state import JobState, configmap_events, progress_unavailable, stalled, utcnow
 
 #: States in which a missing pod or a RayCluster condition can be what holds the job.
 STARTING_STATES = frozenset({"PENDING", "STARTING", "RETRYING", "UNKNOWN"})
@@ -108,5 +109,9 @@ def explain(kube: Kube, state: JobState, configmap: dict | None) -> JobState:
     observer = Observer(kube, state.namespace, state.name)
     diagnosis = "" if state.terminal and state.state != "FAILED" else \
         observer.diagnosis(observer.pods(state.ray_cluster), state)
+    events = configmap_events(configmap)
     return dataclasses.replace(state, diagnosis=diagnosis,
-                               stalled=stalled(state, configmap_events(configmap), utcnow()))
+                               stalled=stalled(state, events, utcnow()),
+                               no_progress=progress_unavailable(
+                                   state, events, utcnow(),
+                                   object_names(state.name)["progress"]))

@@ -93,6 +93,12 @@ class JobState:
     diagnosis: str = ""
     #: A warning when training stopped reporting progress for far longer than its own cadence.
     stalled: str = ""
+    #: When this attempt's Ray job started (KubeRay's status.rayJobInfo.startTime; not
+    #: status.startTime, which includes the cluster's start-up): how long a RUNNING job has had
+    #: to report progress.
+    running_since: str | None = None
+    #: A warning when a RUNNING job's progress ConfigMap got nothing from this attempt for long.
+    no_progress: str = ""
 
     @property
     def terminal(self) -> bool:
@@ -116,12 +122,13 @@ class JobState:
                 "lastCheckpoint": p.last_checkpoint, "restarts": self.restarts,
                 "created": self.created, "rayCluster": self.ray_cluster,
                 "diagnosis": self.diagnosis, "stalled": self.stalled,
+                "progressUnavailable": self.no_progress,
                 "totalSteps": p.total_steps, "etaSeconds": _eta(p)}
 
     @property
     def why(self) -> str:
         """The one line to show under the state: the blocking reason, else the stall warning."""
-        return self.diagnosis or self.stalled
+        return self.diagnosis or self.stalled or self.no_progress
 
 
 def job_state(rayjob: Mapping[str, Any] | None, configmap: Mapping[str, Any] | None, *,
@@ -138,7 +145,8 @@ def job_state(rayjob: Mapping[str, Any] | None, configmap: Mapping[str, Any] | N
                     message=status.get("message", ""), note=note,
                     kuberay_failed=int(status.get("failed") or 0),
                     created=(rayjob.get("metadata") or {}).get("creationTimestamp"),
-                    progress=progress, ray_cluster=status.get("rayClusterName") or "")
+                    progress=progress, ray_cluster=status.get("rayClusterName") or "",
+                    running_since=(status.get("rayJobInfo") or {}).get("startTime"))
 
 
 # --- stall detection ------------------------------------------------------------------------------
@@ -187,6 +195,31 @@ def stalled(state: "JobState", events: Iterable[Mapping[str, Any]], now: datetim
     if not times:
         return ""
     return stall_warning((now - times[-1]).total_seconds(), cadence(times))
+
+
+#: A RUNNING attempt whose progress ConfigMap got no event for this long has a sink that cannot
+#: write: the driver emits run_started within a minute or two of the Ray job starting.
+PROGRESS_GRACE = 300.0
+
+
+def progress_unavailable(state: "JobState", events: Iterable[Mapping[str, Any]], now: datetime,
+                         configmap: str) -> str:
+    """`status`'s check that progress reaches the cluster at all: a job RUNNING for longer than
+    PROGRESS_GRACE whose ConfigMap holds no event from this attempt. The sink in the pod says
+    why in the job's log (a line starting "progress unavailable:"); this names the likely causes."""
+    if state.state != "RUNNING":
+        return ""
+    since = parse_time(state.running_since)
+    if since is None or (now - since).total_seconds() < PROGRESS_GRACE:
+        return ""
+    times = [t for t in (parse_time(e.get("time")) for e in events) if t is not None]
+    if any(t >= since for t in times):
+        return ""
+    return (f"progress unavailable: running for {duration((now - since).total_seconds())} and "
+            f"configmap/{configmap} got no event from this run; the driver cannot write it (the "
+            "head pod lacks the service-account token, the Role lacks get/patch on it, or the pod "
+            "cannot reach the API server): submitter logs shows the reason (a line starting "
+            "\"progress unavailable:\")")
 
 
 def parse_time(text: Any) -> datetime | None:

@@ -213,12 +213,13 @@ def _run_claimed(cfg: TrainConfig, claim: Claim, on_event: OnEvent, notice: Noti
     import ray
 
     hub = _start_hub(cfg)
-    poller = _Poller(hub, on_event, poll_seconds)
+    poller = _Poller(hub, on_event, poll_seconds, notice)
     preemption = DriverPreemption(hub)
     try:
         trainer, facts = _prepare(cfg, hub, notice, claim)
         ray.get(hub.emit.remote("run_started", run_name=cfg.run_name, num_workers=cfg.num_workers,
                                 storage_path=cfg.storage_path, run_dir=run_dir_of(cfg), **facts))
+        poller.tell_problems()  # a sink that cannot write says so now, not at the first poll
         poller.start()
         preemption.install()
         result = trainer.fit()
@@ -307,7 +308,9 @@ def _start_hub(cfg: TrainConfig) -> Any:
 
     env = {k: os.environ[k] for k in (naming.ENV_PROGRESS_CONFIGMAP, naming.ENV_NAMESPACE)
            if os.environ.get(k)}
-    here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
+    # hard affinity: the ConfigMap sink needs the driver pod's service-account token (only the
+    # head mounts it); a soft one put the actor on a worker pod in 2 of 5 runs (issue 19)
+    here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
     actor = ray.remote(RunEmitter).options(num_cpus=0, scheduling_strategy=here,
                                            max_concurrency=1)
     return actor.remote(run_dir_of(cfg), env)
@@ -399,11 +402,14 @@ def _one_line(e: BaseException) -> str:
 
 
 class _Poller:
-    """Feeds this session's events to `on_event` as they arrive (and drains at the end)."""
+    """Feeds this session's events to `on_event` as they arrive (and drains at the end), and
+    prints each sink's problem (a ConfigMap it cannot write, and why) once via `notice`."""
 
-    def __init__(self, hub: Any, on_event: OnEvent, every: float) -> None:
-        self.hub, self.on_event, self.every = hub, on_event, every
+    def __init__(self, hub: Any, on_event: OnEvent, every: float,
+                 notice: Notice = print) -> None:
+        self.hub, self.on_event, self.every, self.notice = hub, on_event, every, notice
         self.seen = 0
+        self.told: set[str] = set()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="events", daemon=True)
 
@@ -416,6 +422,15 @@ class _Poller:
         for event in ray.get(self.hub.since.remote(self.seen)):
             self.seen = max(self.seen, event["seq"])
             self.on_event(event)
+        self.tell_problems()
+
+    def tell_problems(self) -> None:
+        import ray
+
+        for line in ray.get(self.hub.problems.remote()):
+            if line not in self.told:
+                self.told.add(line)
+                self.notice(line)
 
     def _loop(self) -> None:
         while not self._stop.wait(self.every):

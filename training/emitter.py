@@ -154,6 +154,11 @@ class Emitter:
     def snapshot(self) -> dict[str, Any]:
         return self.state.to_dict()
 
+    def problems(self) -> list[str]:
+        """One line per sink that could not write (its first failure and why): the driver
+        prints each once into the job's log."""
+        return [p for p in (getattr(s, "problem", None) for s in self.sinks) if p]
+
 
 def _finite(fields: Mapping[str, Any]) -> dict[str, Any]:
     """NaN/inf are not JSON: send null (the schema asks for it)."""

@@ -1,7 +1,9 @@
 """The progress ConfigMap sink: patch the job's ConfigMap with the folded state and recent events.
 
 The one module of the entrypoint that talks to the Kubernetes API (import-linter holds that).
-Best effort by design: a hung or refusing API server must never stop or slow training.
+Best effort by design: a hung or refusing API server must never stop or slow training. A sink
+that cannot write records why, once (`problem`): the driver prints that line into the job's log
+(`training.driver`), and `submitter status` says that progress is unavailable.
 """
 
 from __future__ import annotations
@@ -30,7 +32,8 @@ _ALWAYS_TRY = frozenset({"run_finished", "run_failed"})
 class ConfigMapSink:
     """Patch the job's progress ConfigMap: the folded state and the last events.
 
-    Best effort: a failure is logged (once per kind of error), never raised; training goes on.
+    Best effort: a failure is never raised; training goes on. The first failure's reason (no
+    token, 403, unreachable, ...) becomes `problem`, one line, for the owner to show once.
     """
 
     def __init__(self, name: str, namespace: str, api: Any = None,
@@ -39,6 +42,8 @@ class ConfigMapSink:
         self._api = api
         self._recent: deque[str] = deque(maxlen=naming.CONFIGMAP_MAX_EVENTS)
         self._warned: set[str] = set()
+        #: The first failure, as one line with its reason; None while every write succeeded.
+        self.problem: str | None = None
         self._clock = clock
         self._paused_until = float("-inf")
         #: The whole run's curve, downsampled (the events key keeps only the last events).
@@ -92,11 +97,42 @@ class ConfigMapSink:
             self._warn(e)
 
     def _warn(self, e: Exception) -> None:
+        """Keep the first failure as `problem` (the owner shows it once); later kinds of failure
+        go to the debug log only, so the job's log says it once, not once per event."""
         kind = type(e).__name__
+        if self.problem is None:
+            self.problem = (f"{PROBLEM_PREFIX} configmap/{self.name} in namespace "
+                            f"{self.namespace} cannot be written: {reason(e, self.name)}; "
+                            "submitter status and watch show no training progress (events.jsonl "
+                            "in the run directory and this log still have it); training continues")
         if kind not in self._warned:
             self._warned.add(kind)
-            log.warning("progress ConfigMap %s/%s not updated (%s: %s); training continues",
-                        self.namespace, self.name, kind, _describe(e))
+            log.debug("progress ConfigMap %s/%s not updated (%s: %s)", self.namespace, self.name,
+                      kind, _describe(e))
+
+
+#: The start of the sink's one line in the job's log (grep for it).
+PROBLEM_PREFIX = "progress unavailable:"
+
+
+def reason(e: Exception, name: str) -> str:
+    """Why a ConfigMap request failed, in the words of what to check: the token, the Role, the
+    network. `e` is what the kubernetes client raised (or its config loader)."""
+    status = getattr(e, "status", None)
+    said = _describe(e)
+    if type(e).__name__ == "ConfigException":  # neither in-cluster config nor a kubeconfig
+        return ("no service-account token in this pod (the head's pod template must mount it: "
+                f"automountServiceAccountToken) and no kubeconfig ({said})")
+    if status is None:
+        return f"the API server is unreachable from this pod ({type(e).__name__}: {said})"
+    if status == 401:
+        return f"401 Unauthorized: the API server refused the pod's token ({said})"
+    if status == 403:
+        return (f"403 Forbidden: the pod's service account may not do this; its Role must allow "
+                f"get and patch on configmap/{name} ({said})")
+    if status == 404:
+        return f"404: configmap/{name} does not exist (submit creates it; was it deleted?)"
+    return f"{status}: {said}"
 
 
 def _describe(e: Exception) -> str:

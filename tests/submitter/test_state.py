@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 
 import pytest
 
@@ -147,3 +147,21 @@ def test_table_namespace_column_with_all_namespaces_and_wide_columns():
     assert plain[0][0] == "JOB" and "NAMESPACE" not in plain[0]
     assert wide_all[0][:2] == ("NAMESPACE", "JOB") and wide_all[0][-2:] == ("RAY CLUSTER", "REASON")
     assert wide_all[1][:2] == ("team-a", "j") and wide_all[1][-2:] == ("j-raycluster-x", "AppFailed exit 1")
+
+
+def test_progress_unavailable_only_for_a_running_attempt_silent_past_the_grace():
+    from submitter.state import PROGRESS_GRACE, progress_unavailable
+
+    start = "2026-11-22T01:00:00Z"
+    running = JobState("j", "ns", "RUNNING", running_since=start)
+    after = datetime(2026, 11, 22, 1, 0, tzinfo=timezone.utc) + timedelta(seconds=PROGRESS_GRACE + 60)
+    warned = progress_unavailable(running, [], after, "j-progress")
+    assert warned.startswith("progress unavailable: running for 6m00s") and "configmap/j-progress" in warned
+    within = datetime(2026, 11, 22, 1, 4, tzinfo=timezone.utc)
+    assert progress_unavailable(running, [], within, "j-progress") == ""  # still starting up
+    old = [{"type": "progress", "time": "2026-11-21T23:00:00Z"}]  # an earlier attempt's only
+    assert progress_unavailable(running, old, after, "j-progress") == warned
+    new = old + [{"type": "run_started", "time": "2026-11-22T01:01:00Z"}]
+    assert progress_unavailable(running, new, after, "j-progress") == ""
+    assert progress_unavailable(JobState("j", "ns", "STARTING", running_since=start), [], after, "x") == ""
+    assert progress_unavailable(JobState("j", "ns", "RUNNING"), [], after, "x") == ""  # no start time

@@ -272,3 +272,19 @@ def test_watch_without_pod_rbac_warns_once_and_still_follows_the_job(api, job, k
     thread.join(5)
     assert not errors and final.state == "SUCCEEDED"
     assert len(warnings) == 1 and "no diagnosis from the pods" in warnings[0] and "you may not watch pods" in warnings[0]
+
+
+def test_status_says_progress_is_unavailable_when_a_running_job_wrote_none(api, job, kubeconfig, runner):
+    """The driver's sink cannot write the ConfigMap (no token on the head, a 403, no route):
+    after PROGRESS_GRACE of RUNNING with no event from this attempt, status says so and why."""
+    long_ago = "2026-01-01T00:00:00Z"
+    job.set("Running", "RUNNING", rayJobInfo={"startTime": long_ago})
+    result = status(runner, kubeconfig)
+    assert result.exit_code == 0, result.output
+    assert "warning: progress unavailable: running for" in result.output
+    assert f"configmap/{NAME}-progress got no event" in result.output and "token" in result.output
+    as_json = json.loads(status(runner, kubeconfig, "-o", "json").output)
+    assert as_json["progressUnavailable"].startswith("progress unavailable:")
+    # the attempt's progress arrives: no warning
+    job.emit("run_started", run_name=NAME, num_workers=1, storage_path="/s")
+    assert "progress unavailable" not in status(runner, kubeconfig).output

@@ -587,9 +587,11 @@ class Running:
 
 
 @contextlib.contextmanager
-def running_emulator(*, crd: bool = True, namespaces: tuple[str, ...] = ("default",)) -> Iterator[Running]:
-    """Serve an ApiEmulator on 127.0.0.1 from a thread with its own event loop."""
-    emulator = ApiEmulator()
+def running_emulator(*, crd: bool = True, namespaces: tuple[str, ...] = ("default",),
+                     emulator: ApiEmulator | None = None) -> Iterator[Running]:
+    """Serve an ApiEmulator (or the subclass instance given) on 127.0.0.1 from a thread with its
+    own event loop."""
+    emulator = emulator if emulator is not None else ApiEmulator()
     emulator.resources.load_bundled()
     if crd:
         emulator.install_rayjob_crd()

@@ -5,6 +5,8 @@ from __future__ import annotations
 import io
 import json
 
+import pytest
+
 from submitter.contract import events as ev
 from submitter.contract import naming
 from training.emitter import Emitter, FileSink, RunEmitter, StdoutSink
@@ -110,8 +112,8 @@ def test_a_failing_configmap_never_stops_the_other_sinks(tmp_path, caplog):
     em.emit("run_started", run_name="r", num_workers=1, storage_path="/s")
     em.emit("run_finished")
     assert len(fs.read()) == 2
-    warnings = [r for r in caplog.records if "ConfigMap" in r.getMessage()]
-    assert len(warnings) == 1  # logged once, not per event
+    problems = em.problems()
+    assert len(problems) == 1 and "unreachable" in problems[0]  # told once, not per event
 
 
 def test_seq_continues_from_the_configmap_when_no_file_is_shared(monkeypatch):
@@ -155,3 +157,54 @@ def test_the_driver_can_ask_the_workers_for_a_preemption_checkpoint():
     assert em.preemption_requested() is False
     em.request_preemption()
     assert em.preemption_requested() is True
+
+
+class _Remote:
+    def __init__(self, fn):
+        self.remote = fn
+
+
+def test_the_driver_tells_a_sink_problem_once_in_the_job_log(monkeypatch):
+    """The emitter actor's ConfigMap sink cannot write: the driver's poller prints its one line
+    (the job's log is the driver's stdout), however many events and polls follow."""
+    ray = pytest.importorskip("ray")
+    from training.driver import _Poller
+
+    monkeypatch.setattr(ray, "get", lambda ref, **kw: ref)
+    em = Emitter([ConfigMapSink("cm", "ns", api=FakeCoreV1(fail=True))])
+    hub = type("Hub", (), {})()
+    hub.since, hub.problems = _Remote(em.since), _Remote(em.problems)
+    told, shown = [], []
+    poller = _Poller(hub, shown.append, 60.0, told.append)
+    for step in range(1, 4):
+        em.emit("progress", epoch=1, step=step, loss=1.0, tokens_per_sec=1.0, lr=1e-3)
+        poller._drain()
+    poller.tell_problems()
+    assert len(shown) == 3
+    assert len(told) == 1 and told[0].startswith("progress unavailable: configmap/cm")
+
+
+def test_the_emitter_actor_is_pinned_to_the_drivers_node_not_preferred(monkeypatch):
+    """Only the driver's pod (the head) mounts the service-account token the ConfigMap sink
+    needs: the actor's node affinity must be hard (a soft one put it on a worker in 2 of 5
+    runs). tests/test_kuberay_standin.py checks where it really ran."""
+    ray = pytest.importorskip("ray")
+    from training import driver
+
+    seen = {}
+
+    class Remote:
+        def options(self, **kwargs):
+            seen.update(kwargs)
+            return self
+
+        def remote(self, *args):
+            return "actor"
+
+    context = type("Ctx", (), {"get_node_id": lambda self: "ab" * 28})()
+    monkeypatch.setattr(ray, "remote", lambda cls: Remote())
+    monkeypatch.setattr(ray, "get_runtime_context", lambda: context)
+    monkeypatch.setattr(driver, "run_dir_of", lambda cfg: "/runs/x")
+    assert driver._start_hub(None) == "actor"
+    strategy = seen["scheduling_strategy"]
+    assert strategy.node_id == "ab" * 28 and strategy.soft is False

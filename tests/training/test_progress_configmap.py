@@ -110,8 +110,8 @@ def test_a_new_driver_without_a_run_dir_continues_seq_from_the_configmap(api, ku
     assert json.loads(data_of(kube)[naming.CONFIGMAP_STATE_KEY])["status"] == "finished"
 
 
-def test_missing_configmap_and_forbidden_patch_are_logged_once_each_never_raised(api, kube, tmp_path, caplog):
-    caplog.set_level(logging.WARNING, logger="submitter.contract.events")
+def test_missing_configmap_and_forbidden_patch_are_told_once_never_raised(api, kube, tmp_path, caplog):
+    caplog.set_level(logging.WARNING)
     out = io.StringIO()
     events_file = FileSink(str(tmp_path / naming.EVENTS_FILE))
     sink = ConfigMapSink(PROGRESS, NAMESPACE, api=core_v1(kube))
@@ -133,10 +133,34 @@ def test_missing_configmap_and_forbidden_patch_are_logged_once_each_never_raised
     patches = [r for r in api.emulator.log if r[0] == "PATCH" and "fieldManager" not in r[2]]  # not the apply
     assert len(patches) == 6  # every event was tried: best effort, not given up on
     assert data_of(kube) == {}
-    warnings = [r.getMessage() for r in caplog.records if "ConfigMap" in r.getMessage()]
-    assert len(warnings) == 2, warnings  # once per kind of failure, not once per event
-    assert "404" in warnings[0] and "not found" in warnings[0]
-    assert "403" in warnings[1] and "cannot patch" in warnings[1]
+    # one line for the job's log (the driver prints it), not one per event or per kind
+    assert em.problems() == [sink.problem]
+    assert sink.problem.startswith(progress_configmap.PROBLEM_PREFIX)
+    assert "404" in sink.problem and f"configmap/{PROGRESS}" in sink.problem
+    assert not [r for r in caplog.records if "ConfigMap" in r.getMessage()]
+
+
+def test_a_forbidden_patch_names_the_role_and_what_it_must_allow(api, kube):
+    rendered_configmap(api, kube)
+    api.emulator.deny("patch", "configmaps")
+    sink = ConfigMapSink(PROGRESS, NAMESPACE, api=core_v1(kube))
+    em = Emitter([sink])
+    started(em)
+    progress(em, 10)
+    assert "403 Forbidden" in sink.problem and "cannot patch" in sink.problem
+    assert f"must allow get and patch on configmap/{PROGRESS}" in sink.problem
+
+
+def test_a_pod_without_a_token_says_so(monkeypatch, tmp_path):
+    """The head without the service-account token (and no kubeconfig): the reason names it."""
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "127.0.0.1")
+    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "1")
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "none"))
+    monkeypatch.setenv("HOME", str(tmp_path))
+    sink = ConfigMapSink(PROGRESS, NAMESPACE)
+    assert sink.read() == []
+    Emitter([sink]).emit("run_finished")
+    assert sink.problem is not None and "no service-account token in this pod" in sink.problem
 
 
 def test_a_hung_api_server_costs_an_event_the_timeout_not_the_run(monkeypatch, caplog):
@@ -148,7 +172,7 @@ def test_a_hung_api_server_costs_an_event_the_timeout_not_the_run(monkeypatch, c
         clock = time.monotonic()
         assert em.emit("run_finished")["seq"] == 1
         assert time.monotonic() - clock < 3
-    assert [r for r in caplog.records if "timed out" in r.getMessage()]
+        assert "unreachable" in em.problems()[0] and "timed out" in em.problems()[0]
 
 
 def test_an_unreachable_api_server_pauses_progress_patches_but_not_the_final_one():

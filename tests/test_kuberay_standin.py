@@ -1,0 +1,264 @@
+"""The rendered RayJob, run as KubeRay runs it: real `ray start` processes for its pods, the
+K8sJobMode submitter's `ray job submit`, the Role enforced on the pods' token, a bucket for the
+checkpoints (tests/support/kuberay_standin.py says what stands in for what).
+
+Each scenario is one small real run (tiny model, one worker pod, a few dozen steps): slow, so
+marked `slow`, and lean enough for CI.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+
+from submitter.cli import main
+from submitter.contract import events as ev
+from submitter.contract import naming
+from tests.support.kube_emulator import RAYJOBS
+from tests.support.kuberay_standin import KubeRayStandIn, running_rbac_emulator
+
+pytestmark = pytest.mark.slow
+
+NAME = "standin"
+BUCKET = "bkt"
+#: Guards against a hang only; a run takes about a minute on a quiet 2-core machine.
+WATCH_TIMEOUT = "15m"
+
+
+def job_file(tmp_path: Path, **overrides) -> str:
+    job = {"name": NAME, "namespace": "default", "model": "tiny", "dataset": naming.OFFLINE_DATASET,
+           "dataset_config": None, "epochs": 1, "max_steps_per_epoch": 24, "checkpoint_every": 8,
+           "progress_every": 4, "val_steps": 2, "replicas": 1, "cpu_per_pod": "2",
+           "memory_per_pod": "3Gi", "head_cpu": "500m", "head_memory": "3Gi",
+           "storage_path": f"s3://{BUCKET}/runs", "env_from_secret": ["s3-creds"],
+           "secret_env": {"AWS_SECRET_ACCESS_KEY": "s3-creds:AWS_SECRET_ACCESS_KEY"},
+           "max_failures": 3, **overrides}
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(job))
+    return str(path)
+
+
+class Cluster:
+    """The emulator, the bucket and the stand-in of one test, with the CLI pointed at them."""
+
+    def __init__(self, api, s3, runner, tmp_path: Path) -> None:
+        self.api, self.s3, self.runner, self.tmp = api, s3, runner, tmp_path
+        self.kubeconfig = api.kubeconfig(tmp_path / "kubeconfig")
+        self.standin = KubeRayStandIn(api.emulator, api.url, tmp_path)
+        s3.make_bucket(BUCKET)
+        data = {k: base64.b64encode(v.encode()).decode() for k, v in s3.env.items()}
+        api.emulator.put("v1", "secrets", {"apiVersion": "v1", "kind": "Secret",
+                                           "metadata": {"name": "s3-creds", "namespace": "default"},
+                                           "data": data})
+
+    def cli(self, *args: str):
+        return self.runner.invoke(main, [*args, "--kubeconfig", self.kubeconfig])
+
+    def submit(self, **overrides) -> None:
+        result = self.cli("submit", "-f", job_file(self.tmp, **overrides))
+        assert result.exit_code == 0, result.output
+
+    def configmap_events(self) -> list[dict]:
+        cm = self.api.emulator.get("v1/configmaps", "default", f"{NAME}-progress") or {}
+        return ev.parse_lines((cm.get("data") or {}).get(naming.CONFIGMAP_EVENTS_KEY, ""))
+
+    def bucket_events(self) -> list[dict]:
+        text = self.s3.read_text(f"{BUCKET}/runs/default/{NAME}/{naming.EVENTS_FILE}")
+        return ev.parse_lines(text) if text else []
+
+    def job_log(self) -> str:
+        return "\n".join(p.output() for a in self.standin.attempts for p in a.pods if p.kind == "submitter")
+
+    def explain(self) -> str:
+        return "\n".join(a.story() for a in self.standin.attempts)
+
+
+@pytest.fixture
+def cluster(s3_server, runner, tmp_path):
+    with running_rbac_emulator() as api:
+        c = Cluster(api, s3_server, runner, tmp_path)
+        try:
+            yield c
+        finally:
+            c.standin.close()
+
+
+def wait_for(what: str, predicate, timeout: float = 600.0):
+    """Poll `predicate` until it returns something truthy (a guard against hangs, not a timing)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.5)
+    raise AssertionError(f"{what}: not within {timeout:.0f}s")
+
+
+def rayjob_status(cluster) -> dict:
+    return (cluster.api.emulator.get(RAYJOBS, "default", NAME) or {}).get("status") or {}
+
+
+def http(url: str, token: str | None = None, method: str = "GET", body: dict | None = None) -> int:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    if body is not None:
+        headers["Content-Type"] = "application/merge-patch+json"
+    request = urllib.request.Request(url, method=method, headers=headers,
+                                     data=json.dumps(body).encode() if body is not None else None)
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status
+    except urllib.error.HTTPError as e:
+        return e.code
+
+
+def check_the_tokens(cluster) -> None:
+    """While the job runs: Ray's dashboard refuses a client without the token that authOptions
+    made KubeRay inject; the API server gives the head's service-account token what the Role
+    says and nothing more, and refuses a client with no token at all."""
+    attempt = cluster.standin.attempts[-1]
+    dashboard = f"http://127.0.0.1:{attempt.ports['dashboard']}"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    refused = subprocess.run(["ray", "job", "list", "--address", dashboard], env=env,
+                             capture_output=True, text=True, timeout=120)
+    assert refused.returncode != 0, refused.stdout
+    assert "401" in refused.stdout + refused.stderr or "auth" in (refused.stdout + refused.stderr).lower()
+    assert http(f"{dashboard}/api/jobs/", attempt.token) == 200
+    assert http(f"{dashboard}/api/jobs/") == 401
+    head = cluster.standin.pods("head")[0]
+    token = (head.root / "var/run/secrets/kubernetes.io/serviceaccount/token").read_text()
+    api = f"{cluster.api.url}/api/v1/namespaces/default"
+    assert http(f"{api}/configmaps/{NAME}-progress", token) == 200
+    assert http(f"{api}/configmaps/{NAME}-progress", token, "PATCH", {"metadata": {"labels": {"x": "y"}}}) == 200
+    assert http(f"{api}/secrets/s3-creds", token) == 403           # not in the Role
+    assert http(f"{api}/configmaps", token) == 403                  # resourceNames: no list
+    assert http(f"{api}/configmaps/other", token) == 403            # another object
+    assert http(f"{cluster.api.url}/apis/ray.io/v1/namespaces/default/rayjobs/{NAME}", token) == 403
+    assert http(f"{api}/configmaps/{NAME}-progress") == 401         # no token at all
+    for worker in cluster.standin.pods("worker"):                   # the template mounts none
+        assert not (worker.root / "var/run/secrets").exists()
+
+
+def test_a_run_succeeds_watch_follows_it_and_the_bucket_has_it(cluster):
+    """Also: the dashboard and the API server refuse clients without the token, and the
+    progress sink ran on the head, the one pod with the service-account token."""
+    cluster.submit()
+    cluster.standin.run(NAME)
+    wait_for("the job running", lambda: rayjob_status(cluster).get("jobStatus") == "RUNNING")
+    check_the_tokens(cluster)
+    watched = cluster.cli("watch", NAME, "--timeout", WATCH_TIMEOUT)
+    assert watched.exit_code == 0, watched.output + cluster.explain()
+    assert not cluster.standin.errors
+    # watch showed the steps as they came, and the end
+    assert "SUCCEEDED" in watched.output
+    assert "step 24" in watched.output or "24/24" in watched.output, watched.output
+    # progress reached the cluster: the ConfigMap holds the run from its start to its end
+    held = [e["type"] for e in cluster.configmap_events()]
+    assert held[0] == "run_started" and held[-1] == "run_finished" and "progress" in held, held
+    assert not [d for d in cluster.api.emulator.denials() if d[2].endswith(f"/configmaps/{NAME}-progress")]
+    # checkpoints and events are in the bucket, the same story as the ConfigMap's
+    objects = cluster.s3.list(f"{BUCKET}/runs/default/{NAME}")
+    assert any("/checkpoint_" in o for o in objects), objects
+    assert [e["type"] for e in cluster.bucket_events()][-1] == "run_finished"
+    status = json.loads(cluster.cli("status", NAME, "-o", "json").output)
+    assert status["state"] == "SUCCEEDED" and status["step"] == 24 and not status["progressUnavailable"]
+    assert_sink_on_the_head(cluster)
+
+
+def assert_sink_on_the_head(cluster) -> None:
+    """Where the ConfigMap writer ran, from Ray's own state API: the head, every attempt."""
+    for attempt in cluster.standin.attempts:
+        nodes = attempt.node_of("RunEmitter")
+        assert nodes and all(n.get("is_head_node") for n in nodes), (attempt.actors, attempt.nodes)
+    assert "progress unavailable:" not in cluster.job_log()
+
+
+def test_a_head_without_the_token_says_so_once_and_status_says_why(cluster, monkeypatch):
+    """The negative of the above, so the checks cannot pass vacuously: the head's template does
+    not mount the token. The sink says so once in the job's log, the run still trains and
+    succeeds, and `status` says that progress is unavailable and why."""
+    from submitter import state
+
+    monkeypatch.setattr(state, "PROGRESS_GRACE", 0.0)
+    cluster.submit(max_steps_per_epoch=8, checkpoint_every=4)
+    job = cluster.api.emulator.get(RAYJOBS, "default", NAME)
+    cluster.api.emulator.merge(RAYJOBS, "default", NAME, {"spec": {"rayClusterSpec": {"headGroupSpec": {
+        "template": {**job["spec"]["rayClusterSpec"]["headGroupSpec"]["template"],
+                     "spec": {**job["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"],
+                              "automountServiceAccountToken": False}}}}}})
+    cluster.standin.run(NAME)
+    wait_for("the job running", lambda: rayjob_status(cluster).get("rayJobInfo", {}).get("startTime")
+             and rayjob_status(cluster).get("jobStatus") == "RUNNING")
+    said = wait_for("the sink's line in the job's log",
+                    lambda: [line for line in cluster.job_log().splitlines() if "progress unavailable:" in line])
+    running = cluster.cli("status", NAME)
+    assert "warning: progress unavailable: running for" in running.output, running.output
+    watched = cluster.cli("watch", NAME, "--timeout", WATCH_TIMEOUT)
+    assert watched.exit_code == 0, watched.output + cluster.explain()
+    lines = [line for line in cluster.job_log().splitlines() if "progress unavailable:" in line]
+    assert len(lines) == 1 and lines == said[:1], lines
+    assert "no service-account token in this pod" in lines[0]
+    assert cluster.configmap_events() == []  # nothing reached the cluster...
+    assert [e["type"] for e in cluster.bucket_events()][-1] == "run_finished"  # ...the bucket has it
+
+
+def in_background(fn) -> tuple[threading.Thread, list]:
+    errors: list = []
+
+    def guarded():
+        try:
+            fn()
+        except BaseException as e:  # noqa: BLE001 - reported by the test
+            errors.append(e)
+
+    thread = threading.Thread(target=guarded, daemon=True)
+    thread.start()
+    return thread, errors
+
+
+def first_checkpoint(cluster) -> dict | None:
+    saved = [e for e in cluster.configmap_events() if e["type"] == "checkpoint_saved"]
+    return saved[0] if saved else None
+
+
+def test_a_killed_worker_pod_is_replaced_and_the_run_resumes_from_its_checkpoint(cluster):
+    cluster.submit(max_steps_per_epoch=100, checkpoint_every=20, progress_every=10)
+    cluster.standin.run(NAME)
+    killed: list = []
+
+    def kill_after_the_first_checkpoint():
+        wait_for("a checkpoint", lambda: first_checkpoint(cluster))
+        worker = cluster.standin.pods("worker")[0]
+        cluster.standin.kill_pod(worker)  # the node is gone; KubeRay makes a new worker pod
+        killed.append(worker.name)
+
+    thread, errors = in_background(kill_after_the_first_checkpoint)
+    watched = cluster.cli("watch", NAME, "--timeout", WATCH_TIMEOUT)
+    thread.join(60)
+    assert not errors and killed, errors
+    assert watched.exit_code == 0, watched.output + cluster.explain()
+    events = cluster.configmap_events()
+    restarts = [e for e in events if e["type"] == "worker_group_restarted"]
+    assert restarts, [e["type"] for e in events]
+    resumed = restarts[0]["resumed_from"]
+    saved = [e for e in events if e["type"] == "checkpoint_saved"
+             and e["seq"] < restarts[0]["seq"]]
+    assert resumed and resumed == saved[-1]["path"], (resumed, saved)  # the last one before the kill
+    after = [e for e in events if e["type"] == "progress" and e["seq"] > restarts[0]["seq"]]
+    assert after and saved[-1]["step"] < after[0]["step"] <= saved[-1]["step"] + 10  # not from 0
+    assert "worker group restarted" in watched.output and "resumed from" in watched.output
+    workers = [p.name for p in cluster.standin.attempts[-1].pods if p.kind == "worker"]
+    # the lost pod and its replacement (a replacement that fails to join is replaced in turn)
+    assert len(workers) >= 2 and killed[0] == workers[0], workers
+    assert len(cluster.standin.attempts) == 1, cluster.explain()  # Ray Train recovered: no RayJob retry
+    assert_sink_on_the_head(cluster)
+
