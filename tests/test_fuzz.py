@@ -25,7 +25,7 @@ from submitter import jobfile
 from submitter.cli import main
 from submitter.contract import naming
 from submitter.contract.errors import SubmitterError, UsageError
-from submitter.contract.spec import JobSpec, camel, field_types, flag_name, normalize_keys
+from submitter.contract.spec import JobSpec, camel, parse_selector, field_types, flag_name, normalize_keys
 from submitter.render import render
 
 #: Cases per test; the total is the suite's budget per CI run (>= 10,000).
@@ -168,7 +168,9 @@ def _user_keys(spec: JobSpec) -> set[str]:
     """Keys the user chose (env names, the keys of any mapping setting, and the GPU product
     label key, which becomes a nodeSelector key): data, not structure."""
     chosen = {k for v in spec.to_dict().values() if isinstance(v, dict) for k in v}
-    return chosen | ({spec.gpu_type_label} if spec.gpu_type else set())
+    selectors = {k for text in (spec.operator_selector, spec.metrics_selector)
+                 for k in parse_selector(text)}  # --operator/--metrics-selector: matchLabels keys
+    return chosen | selectors | ({spec.gpu_type_label} if spec.gpu_type else set())
 
 
 #: Every key the templates write (over specs that switch every optional part on or off), plus
