@@ -9,7 +9,8 @@ the code search available to the session that wrote this):
   KubeRay adds when absent: `--num-cpus` (the container's CPU limit, else its request, as an
   integer: Quantity.Value() rounds up), `--memory` (the memory limit in bytes),
   `--metrics-export-port=8080`, `--dashboard-agent-listen-port=52365`, and on workers
-  `--address=<head service>:6379`. Here every node is one process group on 127.0.0.1, so the
+  `--address=<head service>:6379`, all joined into one bash command line (so a value's shell
+  quoting applies, as for the documented `resources: '"{\\"name\\": 1}"'`). Here every node is one process group on 127.0.0.1, so the
   fixed ports become free ports, the head service is 127.0.0.1, and all nodes share one short
   `--temp-dir` (unix socket paths must stay under 108 bytes). `--object-store-memory` is what
   Ray derives from the container's memory limit (30 %) when it reads the pod's cgroup.
@@ -56,6 +57,7 @@ import os
 import re
 import secrets
 import shutil
+import shlex
 import signal
 import socket
 import subprocess
@@ -207,7 +209,9 @@ def ray_start_args(head: bool, params: dict[str, Any], resources: dict[str, Any]
         params["ray-client-server-port"] = str(ports["client"])
         params["dashboard-host"] = "127.0.0.1"  # not 0.0.0.0 on a shared test machine
     args = ["ray", "start"] + (["--head"] if head else [])
-    args += [f"--{k}={v}" for k, v in sorted(params.items())]
+    # KubeRay joins `--key=value` into the bash command line that starts Ray, so bash's quoting
+    # applies: rayStartParams' `resources: '"{\\"slot\\": 1}"'` reaches Ray as {"slot": 1}
+    args += [word for k, v in sorted(params.items()) for word in shlex.split(f"--{k}={v}")]
     return args + ["--block"]
 
 
