@@ -95,6 +95,9 @@ def context(spec: JobSpec) -> dict[str, Any]:
         "names": n,
         # --replicas N or MIN:MAX (an elastic group: KubeRay's autoscaler between the two)
         "replicas": {"min": spec.min_replicas, "max": spec.max_replicas, "elastic": spec.elastic},
+        # each worker pod holds exactly its Ray Train workers (naming.TRAIN_SLOT_RESOURCE)
+        "worker_ray_start_params": {"resources": naming.ray_start_resources(
+            {naming.TRAIN_SLOT_RESOURCE: spec.workers_per_pod})},
         "labels": labels,
         "annotations": {**spec.annotation, **naming.annotations(spec.namespace, spec.name)},
         # a queued elastic group (--queue with --replicas MIN:MAX) is a Kueue elastic job

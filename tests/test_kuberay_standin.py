@@ -169,6 +169,15 @@ def test_a_run_succeeds_watch_follows_it_and_the_bucket_has_it(cluster):
     objects = cluster.s3.list(f"{BUCKET}/runs/default/{NAME}")
     assert any("/checkpoint_" in o for o in objects), objects
     assert [e["type"] for e in cluster.bucket_events()][-1] == "run_finished"
+    # TensorBoard's event files are in the bucket too, up to the last step (#20)
+    from training.trackers import event_file_steps, read_event_files
+
+    files = read_event_files(f"s3://{BUCKET}/runs/default/{NAME}/tensorboard")
+    last: dict[str, int] = {}
+    for data in files:
+        for tag, step in event_file_steps(data).items():
+            last[tag] = max(step, last.get(tag, step))
+    assert files and last.get("train/loss") == 24 and "val/loss" in last, (last, objects)
     status = json.loads(cluster.cli("status", NAME, "-o", "json").output)
     assert status["state"] == "SUCCEEDED" and status["step"] == 24 and not status["progressUnavailable"]
     assert_sink_on_the_head(cluster)
@@ -262,3 +271,80 @@ def test_a_killed_worker_pod_is_replaced_and_the_run_resumes_from_its_checkpoint
     assert len(cluster.standin.attempts) == 1, cluster.explain()  # Ray Train recovered: no RayJob retry
     assert_sink_on_the_head(cluster)
 
+
+
+def configmap_state(cluster) -> dict:
+    """The folded progress state the sink keeps in the ConfigMap (world_size: workers training now)."""
+    cm = cluster.api.emulator.get("v1/configmaps", "default", f"{NAME}-progress") or {}
+    return json.loads((cm.get("data") or {}).get(naming.CONFIGMAP_STATE_KEY) or "{}")
+
+
+def pods_hosting(cluster, *titles: str) -> set[str]:
+    """The stand-in pods whose processes include a Ray process titled with one of `titles`
+    (each pod is one process group, as each real pod is one node)."""
+    groups = {_pgid(pid) for pid in os.listdir("/proc") if pid.isdigit()
+              and _cmdline(pid).startswith(titles)}
+    return {p.name for p in cluster.standin.pods() if p.proc.pid in groups}
+
+
+def _cmdline(pid: str) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:  # gone meanwhile
+        return ""
+
+
+def _pgid(pid: str) -> int:
+    try:
+        return os.getpgid(int(pid))
+    except OSError:  # gone meanwhile
+        return -1
+
+
+def test_an_elastic_group_loses_a_pod_shrinks_and_watch_shows_the_resize(cluster):
+    """--replicas 1:2 (the stand-in's autoscaler starts both pods): one worker pod is lost for
+    good after a checkpoint of the two workers, the group restarts with the one pod left and one worker
+    (its one train slot: before the slots, two workers packed onto it took Ray Data's CPU and
+    the run hung), training goes on from the checkpoint, and `watch` shows the resize."""
+    cluster.submit(replicas="1:2", max_steps_per_epoch=120, checkpoint_every=15, progress_every=5)
+    cluster.standin.run(NAME)
+    lost: list = []
+
+    def checkpoints() -> list[dict]:
+        return [e for e in cluster.configmap_events() if e["type"] == "checkpoint_saved"]
+
+    def lose_a_pod_after_a_checkpoint_of_two_workers():
+        # a pod slow to join (this machine is shared) can make the group start with one
+        # worker: wait until two train, then for a checkpoint they made
+        wait_for("two workers training", lambda: configmap_state(cluster).get("world_size") == 2)
+        made = len(checkpoints())
+        wait_for("a checkpoint of two workers", lambda: len(checkpoints()) > made)
+        workers = wait_for("two worker pods", lambda: len(cluster.standin.pods("worker")) == 2
+                           and cluster.standin.pods("worker"))
+        # in a RayJob the driver's actors live on the head; here Ray may put the zero-CPU
+        # controller on a worker pod: lose one without it (the group's loss is what is tested)
+        keep = pods_hosting(cluster, "ray::TrainController", "ray::RunEmitter")
+        victim = next(p for p in reversed(workers) if p.name not in keep)
+        cluster.standin.kill_pod(victim, replace=False)  # no node left to replace it
+        lost.append(victim.name)
+
+    thread, errors = in_background(lose_a_pod_after_a_checkpoint_of_two_workers)
+    watched = cluster.cli("watch", NAME, "--timeout", WATCH_TIMEOUT)
+    thread.join(60)
+    assert not errors and lost, errors
+    assert watched.exit_code == 0, watched.output + cluster.explain()
+    events = cluster.configmap_events()
+    types = [e["type"] for e in events]
+    # (a group that started with one worker because a pod joined late grew first: 1 -> 2)
+    shrunk = [e for e in events if e["type"] == "worker_group_resized" and (e["from"], e["to"]) == (2, 1)]
+    assert shrunk, types
+    saved = [e for e in events if e["type"] == "checkpoint_saved" and e["seq"] < shrunk[0]["seq"]]
+    assert saved and shrunk[0]["resumed_from"] == saved[-1]["path"], (shrunk[0], saved)
+    after = [e for e in events if e["type"] == "progress" and e["seq"] > shrunk[0]["seq"]]
+    assert after and saved[-1]["step"] < after[0]["step"], (saved[-1], after[:1])  # not from 0
+    assert "worker group resized: 2 -> 1 worker(s)" in watched.output, watched.output
+    assert types[-1] == "run_finished" and "SUCCEEDED" in watched.output
+    status = json.loads(cluster.cli("status", NAME, "-o", "json").output)
+    assert status["state"] == "SUCCEEDED" and status["step"] == 120, status
+    assert len(cluster.standin.attempts) == 1, cluster.explain()  # Ray Train shrank: no RayJob retry
+    assert_sink_on_the_head(cluster)

@@ -169,6 +169,14 @@ def worker_setup() -> None:
     install_in_ray_worker()
 
 
+def train_resources(cfg: TrainConfig) -> dict[str, float]:
+    """What each Ray Train worker reserves (ScalingConfig resources_per_worker): its CPUs, its
+    GPU, and one train slot, of which each worker pod offers exactly the workers it was
+    rendered for (naming.TRAIN_SLOT_RESOURCE). CPUs alone do not bound it: an elastic group
+    that lost a pod would fit every worker it can on the pods left, Ray Data's CPU included."""
+    return {"CPU": cfg.cpus_per_worker, naming.TRAIN_SLOT_RESOURCE: 1, **({"GPU": 1} if cfg.use_gpu else {})}
+
+
 def ensure_ray(cfg: TrainConfig, **init_kwargs: Any) -> None:
     """Connect to the cluster (RAY_ADDRESS, as in a RayJob) or start an embedded Ray whose
     own output stays in its log files (the events are what a person reads)."""
@@ -180,6 +188,8 @@ def ensure_ray(cfg: TrainConfig, **init_kwargs: Any) -> None:
     if init_kwargs.get("address") == "local" or not os.environ.get("RAY_ADDRESS"):
         init_kwargs.update(address="local")
         init_kwargs.setdefault("num_cpus", local_num_cpus(cfg))
+        # the train slots each Ray Train worker reserves (train_resources); a pod has its own
+        init_kwargs.setdefault("resources", {naming.TRAIN_SLOT_RESOURCE: cfg.num_workers})
         init_kwargs.setdefault("include_dashboard", False)
         init_kwargs.setdefault("log_to_driver", False)
         init_kwargs.setdefault("logging_level", logging.ERROR)
@@ -349,7 +359,7 @@ def _prepare(cfg: TrainConfig, hub: Any, notice: Notice,
     notice(f"model: {cfg.model}, {params / 1e6:.2f}M parameters, block {block}, "
            f"{cfg.num_workers} worker(s) x batch {cfg.micro_batch_size}, "
            f"{cfg.epochs} epoch(s) x {steps_per_epoch} steps")
-    resources = {"CPU": cfg.cpus_per_worker, **({"GPU": 1} if cfg.use_gpu else {})}
+    resources = train_resources(cfg)
     trainer = TorchTrainer(
         train_func,
         train_loop_config={"config": cfg.to_dict(), "hub": hub, **plan.loop_config(),

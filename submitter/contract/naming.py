@@ -72,6 +72,23 @@ IMAGE_GPT2_BPE = "/opt/submitter/gpt2.tiktoken"
 #: Environment variables the plan sets itself; user --env may not override them.
 RESERVED_ENV_PREFIX = "SUBMITTER_"
 
+# --- Ray resources ------------------------------------------------------------------------------
+#: A custom Ray resource each worker pod advertises once per Ray Train worker it was rendered for
+#: (rayStartParams `resources`), and each Ray Train worker reserves one of: a pod then never
+#: holds more training workers than it was sized for, whatever CPUs it has left. Without it an
+#: elastic group that lost a pod restarted with two workers on the one 2-CPU pod left, taking
+#: the CPU meant for Ray Data, and Ray Data waited forever (FACTS.md).
+TRAIN_SLOT_RESOURCE = "submitter_train_slot"
+
+
+def ray_start_resources(resources: dict[str, int]) -> str:
+    """rayStartParams' `resources` value as KubeRay's documentation spells it: JSON inside a
+    pair of double quotes, since KubeRay pastes `--resources=<value>` into the bash command
+    that starts Ray (`"{\\"name\\": 1}"` reaches `ray start` as `{"name": 1}`)."""
+    inner = ", ".join(f'\\"{k}\\": {int(v)}' for k, v in sorted(resources.items()))
+    return '"{' + inner + '}"'
+
+
 # --- the progress ConfigMap's keys --------------------------------------------------------------
 CONFIGMAP_STATE_KEY = "state.json"     # the folded ProgressState, JSON
 CONFIGMAP_EVENTS_KEY = "events.jsonl"  # the last CONFIGMAP_MAX_EVENTS events, JSON lines

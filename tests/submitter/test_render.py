@@ -125,6 +125,27 @@ def test_the_pod_gets_the_worker_count_and_storage(replicas, gpus, workers, use_
     assert pod_job.resolved_storage_path == "/mnt/checkpoints"
 
 
+@pytest.mark.parametrize("replicas, gpus", [(8, 1), (4, 8), (3, 0), ("1:2", 0), ("1:3", 2)])
+def test_each_worker_pod_offers_exactly_its_train_worker_slots(replicas, gpus):
+    """A pod never holds more Ray Train workers than it was rendered for: its `ray start`
+    (bash, as KubeRay runs it) gets one train slot per worker, the head none, and all pods at
+    full size give exactly the group's workers."""
+    import json
+    import shlex
+
+    from submitter.contract.naming import TRAIN_SLOT_RESOURCE
+
+    spec = JobSpec.build(name="job", replicas=replicas, gpu_per_pod=gpus,
+                         cpu_per_pod=str(2 * gpus + 4), memory_per_pod=f"{4 * gpus + 16}Gi")
+    cluster = by_kind(render(spec))["RayJob"]["spec"]["rayClusterSpec"]
+    assert "resources" not in cluster["headGroupSpec"]["rayStartParams"]
+    [group] = cluster["workerGroupSpecs"]
+    [arg] = shlex.split(f"--resources={group['rayStartParams']['resources']}")
+    slots = json.loads(arg.split("=", 1)[1])
+    assert slots == {TRAIN_SLOT_RESOURCE: spec.workers_per_pod}
+    assert slots[TRAIN_SLOT_RESOURCE] * group["maxReplicas"] == job_document(render(spec)).num_train_workers
+
+
 def test_pvc_is_rwx_mounted_at_the_same_path_everywhere_and_never_owned():
     plan = plan_for(name="gpt2-demo", storage_path="/mnt/checkpoints/runs")
     objs = by_kind(plan)

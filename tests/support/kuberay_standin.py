@@ -9,9 +9,11 @@ the code search available to the session that wrote this):
   KubeRay adds when absent: `--num-cpus` (the container's CPU limit, else its request, as an
   integer: Quantity.Value() rounds up), `--memory` (the memory limit in bytes),
   `--metrics-export-port=8080`, `--dashboard-agent-listen-port=52365`, and on workers
-  `--address=<head service>:6379`. Here every node is one process group on 127.0.0.1, so the
+  `--address=<head service>:6379`, all joined into one bash command line (so a value's shell
+  quoting applies, as for the documented `resources: '"{\\"name\\": 1}"'`). Here every node is one process group on 127.0.0.1, so the
   fixed ports become free ports, the head service is 127.0.0.1, and all nodes share one short
-  `--temp-dir` (unix socket paths must stay under 108 bytes). `--object-store-memory` is what
+  `--temp-dir` (unix socket paths must stay under 108 bytes); a pod starts once the one before
+  has its sockets (Ray names them "next free" in that shared directory). `--object-store-memory` is what
   Ray derives from the container's memory limit (30 %) when it reads the pod's cgroup.
 - Each process gets its container's environment: `value`, `fieldRef` (metadata.name/namespace,
   status.podIP, spec.nodeName), `secretKeyRef`/`configMapKeyRef` and `envFrom` resolved from the
@@ -56,6 +58,7 @@ import os
 import re
 import secrets
 import shutil
+import shlex
 import signal
 import socket
 import subprocess
@@ -207,7 +210,9 @@ def ray_start_args(head: bool, params: dict[str, Any], resources: dict[str, Any]
         params["ray-client-server-port"] = str(ports["client"])
         params["dashboard-host"] = "127.0.0.1"  # not 0.0.0.0 on a shared test machine
     args = ["ray", "start"] + (["--head"] if head else [])
-    args += [f"--{k}={v}" for k, v in sorted(params.items())]
+    # KubeRay joins `--key=value` into the bash command line that starts Ray, so bash's quoting
+    # applies: rayStartParams' `resources: '"{\\"slot\\": 1}"'` reaches Ray as {"slot": 1}
+    args += [word for k, v in sorted(params.items()) for word in shlex.split(f"--{k}={v}")]
     return args + ["--block"]
 
 
@@ -482,8 +487,21 @@ class KubeRayStandIn:
         args = ray_start_args(kind == "head", params, container.get("resources") or {},
                               f"127.0.0.1:{attempt.ports['gcs']}", ports)
         args.insert(-1, f"--temp-dir={self.root / 'ray'}")
+        sockets = self._sockets()
         pod = self._spawn(namespace, attempt, name, kind, group, template, container, injected, args)
+        # here, not in KubeRay: nodes sharing one temp dir each pick "the next free" socket
+        # name (Ray's node.py _make_inc_temp, no lock), so two pods starting at once took the
+        # same one ("bind: Address already in use") and one node never came up. Until its
+        # raylet has both its sockets, the next pod waits (on a host of its own, a pod never races).
+        deadline = time.monotonic() + 120
+        while pod.alive() and len(self._sockets() - sockets) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
         return pod
+
+    def _sockets(self) -> set[str]:
+        """The raylet and plasma sockets of every node started so far (one shared session)."""
+        return {os.path.realpath(p) for pattern in ("plasma_store*", "raylet*")
+                for p in (self.root / "ray").glob(f"session_*/sockets/{pattern}")}
 
     def _start_submitter(self, namespace: str, job: str, attempt: Attempt, spec: dict, auth: bool) -> Pod:
         template = spec.get("submitterPodTemplate") or {"spec": {"containers": [{"name": "ray-job-submitter"}]}}

@@ -81,3 +81,44 @@ def test_the_reports_curve_marks_each_resize():
     assert ev.curve_fold(events)["resizes"] == [[20, 2, 1], [40, 1, 2]]
     old = {k: v for k, v in ev.empty_curve().items() if k != "resizes"}  # a curve from before
     assert ev.curve_fold(events[1:2], old)["resizes"] == [[20, 2, 1]]
+
+
+def _pod_offers(rendered_group: dict) -> dict[str, float]:
+    """What one worker pod of the rendered group gives Ray: `--num-cpus` (its CPU limit rounded
+    up, as KubeRay adds it), its GPUs, and the `--resources` of its rayStartParams (bash-quoted)."""
+    import json
+    import math
+    import shlex
+
+    limits = rendered_group["template"]["spec"]["containers"][0]["resources"]["limits"]
+    cpu = limits["cpu"]
+    offers = {"CPU": float(math.ceil(int(cpu[:-1]) / 1000 if cpu.endswith("m") else float(cpu))),
+              "GPU": float(limits.get("nvidia.com/gpu", 0))}
+    [arg] = shlex.split(f"--resources={rendered_group['rayStartParams']['resources']}")
+    offers.update(json.loads(arg.split("=", 1)[1]))
+    return offers
+
+
+@pytest.mark.parametrize("replicas, gpus, cpu", [("1:2", 0, "2"), ("2:3", 0, "4"), (3, 0, "2"),
+                                                 ("1:4", 2, "6"), (2, 8, "64"), (1, 0, "4500m")])
+def test_a_pod_holds_exactly_the_train_workers_it_was_rendered_for(replicas, gpus, cpu):
+    """Ray fits as many workers on a pod as every reserved resource allows: with the train slot,
+    that is the pod's rendered workers, never more, so Ray Data keeps its CPUs even when an
+    elastic group that lost a pod restarts on the pods left (the hang the stand-in found)."""
+    from submitter.render import render
+    from submitter.contract.spec import JobSpec
+    from training.config import TrainConfig
+    from training.driver import train_resources
+
+    spec = JobSpec.build(name="job", replicas=replicas, gpu_per_pod=gpus, cpu_per_pod=cpu,
+                         memory_per_pod="64Gi")
+    [rayjob] = [o for o in render(spec) if o["kind"] == "RayJob"]
+    [group] = rayjob["spec"]["rayClusterSpec"]["workerGroupSpecs"]
+    offers = _pod_offers(group)
+    cfg = TrainConfig.from_spec(spec, "/tmp/run", cpus_per_worker=cpus_per_worker(
+        spec.elastic, spec.cpus_per_train_worker, 1.0))
+    each = train_resources(cfg)
+    fits = min(int(offers.get(k, 0) // v) for k, v in each.items())
+    assert fits == spec.workers_per_pod
+    assert offers["CPU"] - fits * each["CPU"] >= spec.data_cpus_per_pod  # Ray Data's, untouched
+    assert fits * group["maxReplicas"] == cfg.num_workers  # a full group fits, fixed or elastic

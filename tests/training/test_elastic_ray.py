@@ -7,8 +7,8 @@ every 5 s), a node added ~75 s after the loss did not make the group grow before
 
 `ray.cluster_utils.Cluster` runs several Ray nodes (raylets) here: a head with no CPU (the
 driver, the event actor, Ray Train's controller) and one node per worker pod with 3 CPUs, as
-KubeRay would start them for --cpu-per-pod 3: the worker reserves 2 (its pod's share), Ray Data
-keeps 1. Ray Train's elastic policy then counts one worker per node.
+KubeRay would start them for --cpu-per-pod 3: the worker reserves 2 (its pod's share) and the
+pod's one train slot, Ray Data keeps 1. Ray Train's elastic policy then counts one worker per node.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from submitter.contract import events as ev
+from submitter.contract import naming
 from tests.training.test_ray import (_args, _committed_checkpoint, _events, _pids_with_title,
                                     _run, _when)
 from training.elastic import RESIZE_INTERVAL_ENV
@@ -26,7 +27,8 @@ from training.elastic import RESIZE_INTERVAL_ENV
 pytestmark = pytest.mark.slow
 
 NAME = "elastic"
-NODE = {"num_cpus": 3, "object_store_memory": 150 * 2**20}
+#: a worker pod as rendered: its CPUs and its one train slot (rayStartParams `resources`)
+NODE = {"num_cpus": 3, "object_store_memory": 150 * 2**20, "resources": {naming.TRAIN_SLOT_RESOURCE: 1}}
 
 
 @pytest.fixture
