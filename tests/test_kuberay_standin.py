@@ -268,7 +268,7 @@ def test_sigterm_to_the_head_pod_checkpoints_and_the_rayjob_retry_resumes_there(
     """A preemption of the head pod, ended as kubelet ends a pod: the rendered preStop hook
     SIGTERMs the driver, the workers write a preemption checkpoint, the driver exits 143, the
     RayJob's retry (backoffLimit 1) starts a new cluster and resumes at that step."""
-    cluster.submit(max_steps_per_epoch=60, checkpoint_every=40, progress_every=5)
+    cluster.submit(max_steps_per_epoch=100, checkpoint_every=40, progress_every=5)
     cluster.standin.run(NAME)
     ended: list = []
 
