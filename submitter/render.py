@@ -76,6 +76,20 @@ def pod_settings(spec: JobSpec, service_account: str, role: str) -> dict[str, An
     return out
 
 
+#: Seconds of the grace period left to `ray start`'s own shutdown after the preStop hook.
+PRESTOP_MARGIN = 10
+
+
+def lifecycle(spec: JobSpec) -> dict[str, Any]:
+    """The Ray containers' preStop hook (training/prestop.py): kubelet runs it before its SIGTERM,
+    which KubeRay's PID 1 (bash) would never pass on; it SIGTERMs the pod's driver and Ray Train
+    workers (a preemption checkpoint, then exit 143 for the RayJob's retry) and waits for them,
+    within the grace period."""
+    wait = max(spec.termination_grace_period - PRESTOP_MARGIN, 0)
+    return {"preStop": {"exec": {"command": ["python", "-m", "training.prestop", "--timeout",
+                                             str(wait)]}}}
+
+
 def context(spec: JobSpec) -> dict[str, Any]:
     """The template variables: the spec plus everything derived from it."""
     decision = storage_decision(spec)
@@ -124,6 +138,7 @@ def context(spec: JobSpec) -> dict[str, Any]:
         "mount_pvc": on_pvc,
         "checkpoint_volume": naming.CHECKPOINT_VOLUME,
         "entrypoint": ENTRYPOINT,
+        "lifecycle": lifecycle(spec),
         "env": env,
         # the driver runs on the head: only its container carries the job document
         "head_env": env + [{"name": naming.ENV_JOB, "value": spec.document()}],

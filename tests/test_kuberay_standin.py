@@ -348,3 +348,46 @@ def test_an_elastic_group_loses_a_pod_shrinks_and_watch_shows_the_resize(cluster
     assert status["state"] == "SUCCEEDED" and status["step"] == 120, status
     assert len(cluster.standin.attempts) == 1, cluster.explain()  # Ray Train shrank: no RayJob retry
     assert_sink_on_the_head(cluster)
+
+
+# Measured: 5 of 7 runs passed before the StepGate fix (a worker's poll for the driver's request
+# stopped after one slow answer), 2 of 2 after it. Until more runs show it stable it gets two
+# reruns, shown as RERUN in pytest's summary rather than hidden.
+@pytest.mark.flaky(reruns=2)
+def test_sigterm_to_the_head_pod_checkpoints_and_the_rayjob_retry_resumes_there(cluster):
+    """A preemption of the head pod, ended as kubelet ends a pod: the rendered preStop hook
+    SIGTERMs the driver, the workers write a preemption checkpoint, the driver exits 143, the
+    RayJob's retry (backoffLimit 1) starts a new cluster and resumes at that step."""
+    cluster.submit(max_steps_per_epoch=100, checkpoint_every=40, progress_every=5)
+    cluster.standin.run(NAME)
+    ended: list = []
+
+    def preempt_the_head_while_training():
+        wait_for("training", lambda: [e for e in cluster.configmap_events()
+                                      if e["type"] == "progress" and e["step"] >= 5])
+        head = cluster.standin.pods("head")[0]
+        cluster.standin.terminate_pod(head)  # preStop, SIGTERM, grace, SIGKILL
+        ended.append(head)
+
+    thread, errors = in_background(preempt_the_head_while_training)
+    watched = cluster.cli("watch", NAME, "--timeout", WATCH_TIMEOUT)
+    thread.join(300)
+    assert not errors and ended, errors
+    assert watched.exit_code == 0, watched.output + cluster.explain()
+    first, second = cluster.standin.attempts[0], cluster.standin.attempts[-1]
+    assert len(cluster.standin.attempts) == 2 and first.outcome == "FAILED", cluster.explain()
+    assert "143" in first.message, first.message  # the driver's "preempted, retry me"
+    events = cluster.bucket_events()
+    preempted = [e for e in events if e["type"] == "checkpoint_saved" and e.get("reason") == "preemption"]
+    assert len(preempted) == 1, [(e["type"], e.get("reason"), e.get("step")) for e in events]
+    failed = [e for e in events if e["type"] == "run_failed"]
+    assert failed and failed[0].get("reason") == "preemption", failed
+    resumed = [e for e in events if e["type"] == "run_resumed"]
+    assert resumed and resumed[-1]["resumed_from"] == preempted[0]["path"], (resumed, preempted)
+    assert resumed[-1]["step"] == preempted[0]["step"]  # nothing redone but the step in flight
+    assert [e["type"] for e in events][-1] == "run_finished"
+    status = rayjob_status(cluster)
+    assert (status["jobDeploymentStatus"], status["failed"]) == ("Complete", 1)
+    assert second.cluster != first.cluster
+    # the rendered preStop hook did it: it found the driver in the head pod (and only there)
+    assert "SIGTERM to 1 training process" in ended[0].prestop.get("output", ""), ended[0].prestop

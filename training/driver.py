@@ -256,8 +256,13 @@ def _run_claimed(cfg: TrainConfig, claim: Claim, on_event: OnEvent, notice: Noti
     finally:
         preemption.uninstall()
         poller.stop()
-        state = ev.ProgressState.from_dict(ray.get(hub.snapshot.remote()))
-        session = ray.get(hub.since.remote(0))
+        try:
+            state = ev.ProgressState.from_dict(ray.get(hub.snapshot.remote()))
+            session = ray.get(hub.since.remote(0))
+        except Exception:  # noqa: BLE001 - only on a preemption (below): the node drains
+            if not preemption.fired:
+                raise
+            state, session = ev.ProgressState(), []
         ray.kill(hub)
     return RunOutcome(ok, state, session, run_dir_of(cfg), error)
 
@@ -270,7 +275,12 @@ def _preempted(hub: Any, preemption: Any) -> None:
     from training.preempt import Preempted
 
     error = preemption.message()
-    ray.get(hub.emit.remote("run_failed", error=error, reason="preemption"))
+    try:
+        ray.get(hub.emit.remote("run_failed", error=error, reason="preemption"), timeout=30)
+    except Exception:  # noqa: BLE001
+        # The emitter actor is pinned (hard affinity) to the driver's node, which is the one
+        # being drained: lost or unschedulable, it must not turn a preemption into exit 1.
+        pass
     raise Preempted(error) from None
 
 

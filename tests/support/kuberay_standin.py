@@ -46,6 +46,12 @@ the code search available to the session that wrote this):
 - SIGTERM: `signal_pod` sends it to the pod's main process, as kubelet does. In a real pod that
   is PID 1 (KubeRay's `/bin/bash -lc -- "ulimit ...; ray start ..."`), which the kernel spares
   any signal it has no handler for; here it is `ray start --block`, which drains the node.
+  `terminate_pod` ends a pod as kubelet does: the container's preStop exec hook (in the
+  container's environment), then that SIGTERM, the rest of terminationGracePeriodSeconds
+  (the template's, default 30), then SIGKILL.
+- A failed job is retried as rayjob_controller.go does while `status.failed` <= backoffLimit:
+  the cluster goes, status Retrying, then a new RayCluster (new name, new token) and a new
+  submitter with a new submission id; the driver resumes from the storage path's checkpoint.
 """
 
 from __future__ import annotations
@@ -236,6 +242,13 @@ class Pod:
     proc: subprocess.Popen
     log: Path
     replace: bool = True
+    #: What kubelet needs to end the pod: the container's env (a preStop exec hook runs in
+    #: it), its `lifecycle`, and the pod's terminationGracePeriodSeconds.
+    env: dict[str, str] = field(default_factory=dict)
+    lifecycle: dict = field(default_factory=dict)
+    grace: float = 30.0
+    #: `terminate_pod`'s record: the preStop hook's exit code and output.
+    prestop: dict = field(default_factory=dict)
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -252,6 +265,8 @@ class Attempt:
     ports: dict[str, int]
     pods: list[Pod] = field(default_factory=list)
     outcome: str = ""
+    #: The dashboard's message for the job at its end (e.g. the driver's exit code).
+    message: str = ""
     #: Ray's state API at the job's end: every actor (class_name, node_id, state) and node.
     actors: list[dict] = field(default_factory=list)
     nodes: list[dict] = field(default_factory=list)
@@ -308,6 +323,28 @@ class KubeRayStandIn:
     def signal_pod(self, pod: Pod, sig: int = signal.SIGTERM) -> None:
         """kubelet's signal to the pod's container (its main process)."""
         pod.proc.send_signal(sig)
+
+    def terminate_pod(self, pod: Pod) -> None:
+        """End the pod as kubelet does (a preemption, a drain, a deleted pod; kubelet
+        `killContainer`): run the container's preStop exec hook in the container's environment,
+        then SIGTERM to its main process, wait what is left of terminationGracePeriodSeconds,
+        then SIGKILL. Blocks until the pod is gone. (kubelet gives a hook still running at
+        the deadline 2 s more; here the hook is cut at the deadline.)"""
+        deadline = time.monotonic() + pod.grace
+        command = ((pod.lifecycle.get("preStop") or {}).get("exec") or {}).get("command")
+        if command:
+            try:
+                done = subprocess.run(command, env=pod.env, cwd=pod.root / "home", capture_output=True,
+                                      text=True, timeout=max(deadline - time.monotonic(), 0.1))
+                pod.prestop = {"exit": done.returncode, "output": done.stdout + done.stderr}
+            except subprocess.TimeoutExpired as e:
+                pod.prestop = {"exit": None, "output": f"cut at the grace period: {e.stdout or ''}"}
+        pod.proc.send_signal(signal.SIGTERM)
+        try:
+            pod.proc.wait(max(deadline - time.monotonic(), 0.1))
+        except subprocess.TimeoutExpired:
+            _signal_group(pod.proc, signal.SIGKILL)
+            pod.proc.wait(30)
 
     def close(self) -> None:
         self._closing.set()
@@ -410,6 +447,7 @@ class KubeRayStandIn:
                 self._status(namespace, name, jobStatus=status, rayJobInfo=info)
                 last = status
             if status in ("SUCCEEDED", "FAILED", "STOPPED"):
+                attempt.message = str((job or {}).get("message") or "")
                 submitter.proc.wait(60)
                 attempt.actors, attempt.nodes = self._state(attempt, "actors"), self._state(attempt, "nodes")
                 return status, info
@@ -541,7 +579,9 @@ class KubeRayStandIn:
         with open(log, "wb") as out:
             proc = subprocess.Popen(args, env=env, cwd=root / "home", stdout=out, stderr=subprocess.STDOUT,
                                     start_new_session=True)
-        pod = Pod(name, namespace, kind, group, root, proc, log)
+        pod = Pod(name, namespace, kind, group, root, proc, log, env=env,
+                  lifecycle=container.get("lifecycle") or {},
+                  grace=float(pod_spec.get("terminationGracePeriodSeconds", 30)))
         with self._lock:
             attempt.pods.append(pod)
         labels = dict((template.get("metadata") or {}).get("labels") or {})

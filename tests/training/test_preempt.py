@@ -158,3 +158,27 @@ def test_sigterm_in_the_driver_asks_the_workers_then_interrupts_fit(fresh_flags,
         driver.uninstall()
     assert hub.asked and driver.fired and driver.step == 17
     assert "checkpoint at step 17" in driver.message()
+
+
+def test_a_lost_emitter_on_a_draining_head_still_exits_preempted(monkeypatch):
+    """The emitter actor is pinned to the driver's node; when that node is the one going away
+    its run_failed may never land (lost, or unschedulable), and that must not turn the
+    preemption (exit 143, retried from the checkpoint) into a failure (exit 1)."""
+    import ray
+
+    from training.driver import _preempted
+
+    class Hub:
+        class emit:
+            @staticmethod
+            def remote(*args, **kwargs):
+                return "ref"
+
+    def lost(*args, **kwargs):
+        raise ray.exceptions.ActorUnschedulableError("the node is draining")
+
+    monkeypatch.setattr(ray, "get", lost)
+    preemption = preempt.DriverPreemption(Hub())
+    preemption.step = 12
+    with pytest.raises(preempt.Preempted, match="checkpoint at step 12"):
+        _preempted(Hub(), preemption)
