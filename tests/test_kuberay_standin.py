@@ -234,6 +234,17 @@ def in_background(fn) -> tuple[threading.Thread, list]:
     return thread, errors
 
 
+def watch_while(cluster, action, join_s: float = 60):
+    """`submitter watch` the job while `action` (a pod's loss, a preemption) runs beside it:
+    the action must not raise and watch must end with exit 0."""
+    thread, errors = in_background(action)
+    watched = cluster.cli("watch", NAME, "--timeout", WATCH_TIMEOUT)
+    thread.join(join_s)
+    assert not errors, errors
+    assert watched.exit_code == 0, watched.output + cluster.explain()
+    return watched
+
+
 def first_checkpoint(cluster) -> dict | None:
     saved = [e for e in cluster.configmap_events() if e["type"] == "checkpoint_saved"]
     return saved[0] if saved else None
@@ -250,11 +261,8 @@ def test_a_killed_worker_pod_is_replaced_and_the_run_resumes_from_its_checkpoint
         cluster.standin.kill_pod(worker)  # the node is gone; KubeRay makes a new worker pod
         killed.append(worker.name)
 
-    thread, errors = in_background(kill_after_the_first_checkpoint)
-    watched = cluster.cli("watch", NAME, "--timeout", WATCH_TIMEOUT)
-    thread.join(60)
-    assert not errors and killed, errors
-    assert watched.exit_code == 0, watched.output + cluster.explain()
+    watched = watch_while(cluster, kill_after_the_first_checkpoint)
+    assert killed
     events = cluster.configmap_events()
     restarts = [e for e in events if e["type"] == "worker_group_restarted"]
     assert restarts, [e["type"] for e in events]
@@ -328,11 +336,8 @@ def test_an_elastic_group_loses_a_pod_shrinks_and_watch_shows_the_resize(cluster
         cluster.standin.kill_pod(victim, replace=False)  # no node left to replace it
         lost.append(victim.name)
 
-    thread, errors = in_background(lose_a_pod_after_a_checkpoint_of_two_workers)
-    watched = cluster.cli("watch", NAME, "--timeout", WATCH_TIMEOUT)
-    thread.join(60)
-    assert not errors and lost, errors
-    assert watched.exit_code == 0, watched.output + cluster.explain()
+    watched = watch_while(cluster, lose_a_pod_after_a_checkpoint_of_two_workers)
+    assert lost
     events = cluster.configmap_events()
     types = [e["type"] for e in events]
     # (a group that started with one worker because a pod joined late grew first: 1 -> 2)
@@ -369,11 +374,8 @@ def test_sigterm_to_the_head_pod_checkpoints_and_the_rayjob_retry_resumes_there(
         cluster.standin.terminate_pod(head)  # preStop, SIGTERM, grace, SIGKILL
         ended.append(head)
 
-    thread, errors = in_background(preempt_the_head_while_training)
-    watched = cluster.cli("watch", NAME, "--timeout", WATCH_TIMEOUT)
-    thread.join(300)
-    assert not errors and ended, errors
-    assert watched.exit_code == 0, watched.output + cluster.explain()
+    watch_while(cluster, preempt_the_head_while_training, join_s=300)
+    assert ended
     first, second = cluster.standin.attempts[0], cluster.standin.attempts[-1]
     assert len(cluster.standin.attempts) == 2 and first.outcome == "FAILED", cluster.explain()
     assert "143" in first.message, first.message  # the driver's "preempted, retry me"
