@@ -2,7 +2,7 @@
 1, 8, 64 and 512 GPUs at 25 / 100 / 400 Gb/s per GPU, and where it breaks. No GPU, no torch.
 
 The model, stated so it can be argued with:
-- Compute. Training FLOPs per token = 6 N + 12 L d T (training.flops.flops_per_token: N
+- Compute. Training FLOPs per token = 6 N + 12 L d T (submitter.contract.flops.flops_per_token: N
   parameters, L layers, width d, block T). A micro-batch of m tokens takes
   m x FLOPs/token / (peak x MFU), but never less than a launch floor (a micro-step's ~1,000
   kernels cost time however few tokens they touch: the regime of tiny micro-batches).
@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from training.flops import flops_per_token, gpt2_parameters  # noqa: E402  (stdlib only)
+from submitter.contract.flops import flops_per_token, gpt2_parameters  # noqa: E402  (stdlib only)
 
 GPUS = (1, 8, 64, 512)
 BANDWIDTHS_GBPS = (25.0, 100.0, 400.0)
@@ -59,7 +59,7 @@ class Settings:
     global_batch_tokens: int = 2**19  # ~0.5 M tokens per optimizer step (GPT-2's)
     micro_batch_tokens: int = 32768   # the largest micro-batch assumed to fit (128 x 256)
     grad_bytes_per_param: int = 2     # bf16 gradients (DDP's bf16 compression hook)
-    peak_tflops: float = 989.0        # H100 SXM dense bf16 (training.flops)
+    peak_tflops: float = 989.0        # H100 SXM dense bf16 (submitter.contract.flops)
     mfu: float = 0.40                 # the issue's goal; measure it with scripts/gpu-smoke.sh
     launch_floor_ms: float = 4.0      # least time of one micro-step (fwd + bwd), however small
     hbm_tbs: float = 3.35             # H100 SXM HBM3, TB/s (for the optimizer step)

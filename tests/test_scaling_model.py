@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from tests.conftest import ROOT
-from training.flops import flops_per_token, gpt2_parameters
+from submitter.contract.flops import flops_per_token, gpt2_parameters
 
 
 def _load():

@@ -5,8 +5,8 @@
 Each case is one `python -m training` run (Ray Train, one worker, gpt2-small, the default
 settings but for a few steps per epoch), read from its event lines: tokens/s and
 data_wait_fraction are the medians of its progress windows after the first (which holds
-start-up and compilation), and MFU is tokens/s x FLOPs per token (training.flops) over the
-card's dense 16-bit peak (n/a for a card not in training.flops.PEAK_RULES). The resume case runs
+start-up and compilation), and MFU is tokens/s x FLOPs per token (submitter.contract.flops) over the
+card's dense 16-bit peak (n/a for a card not in submitter.contract.flops.PEAK_RULES). The resume case runs
 the ddp-eager job again with one more epoch: it must resume from that run's checkpoint. A
 compact table at the end; exit 1 when a case failed.
 
@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
 from submitter.contract import events as ev
-from training.flops import Peak, flops_per_token, mfu, peak_for
+from submitter.contract.flops import Peak, flops_per_token, mfu, peak_for
 
 TOTAL_BUDGET_S = 8 * 60  # what one short call on a GPU machine allows
 

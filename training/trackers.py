@@ -40,7 +40,7 @@ from typing import Any, Callable, Iterable, Mapping, Optional
 
 from submitter.contract.errors import UsageError
 from submitter.contract.tracking import tracker_env_problem
-from training.flops import peak_for
+from submitter.contract.flops import peak_for
 from training.object_store import split_uri
 from training.run_identity import RUN_FILE, is_local, join, read_json
 
@@ -113,7 +113,7 @@ def check_installed(environ: Mapping[str, str],
 # --- events -> metric points (pure) ------------------------------------------------------------
 
 def peak_tflops(gpu: Optional[str]) -> Optional[float]:
-    """The run's GPU's dense 16-bit peak (training.flops, the table the GPU smoke run uses), or
+    """The run's GPU's dense 16-bit peak (submitter.contract.flops, the table the GPU smoke run uses), or
     None: MFU is written only where the card is known."""
     peak = peak_for(gpu) if gpu else None
     return peak.tflops if peak else None

@@ -13,7 +13,7 @@ import pytest
 
 from submitter.contract import events as ev
 from training import gpu_smoke as smoke
-from training.flops import PEAK_RULES, peak_for
+from submitter.contract.flops import PEAK_RULES, peak_for
 
 
 @pytest.mark.parametrize("name, label, tflops", [
@@ -148,7 +148,7 @@ def test_every_flag_the_script_passes_exists_in_the_entrypoint():
 
 def test_the_script_needs_neither_tests_nor_pytest():
     """`pip install ".[train]"` has no tests/ and no pytest: the script imports neither."""
-    for module in ("training/gpu_smoke.py", "training/flops.py"):
+    for module in ("training/gpu_smoke.py", "submitter/contract/flops.py"):
         tree = ast.parse(open(os.path.join(os.path.dirname(smoke.__file__), "..", module)).read())
         names = {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
         names |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
