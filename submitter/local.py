@@ -71,7 +71,7 @@ def run_local(file_values: Mapping[str, Any], flags: Mapping[str, Any], output: 
         raise UsageError(f"-o {output} is for cluster submits; use -o text or -o json with --local")
     storage = local_storage_path(file_values, flags)
     spec = local_spec(file_values, flags, storage)
-    require_training_stack("submit --local")
+    require_training_stack("submit --local", spec.dataset, spec.data)
     out = stream or sys.stdout
     view = JsonView(out) if output == "json" else (
         RichView(out) if _is_tty(out) else PlainView(out))

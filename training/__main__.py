@@ -31,7 +31,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         from training.driver import prepare_run, require_training_stack, run
         from training.preempt import Preempted
 
-        require_training_stack()
+        require_training_stack(spec.dataset, spec.data)
         cfg, storage_line = prepare_run(spec)
         print(storage_line, flush=True)
         try:

@@ -36,8 +36,9 @@ class RunOutcome:
     error: Optional[str] = None
 
 
-def require_training_stack() -> None:
-    _require("python -m training")
+def require_training_stack(dataset: Optional[str] = None, data: Optional[str] = None) -> None:
+    """What this job needs (`datasets` only for a Hub data set), else exit 2 with the pip command."""
+    _require("python -m training", dataset, data)
 
 
 def prepare_run(spec: JobSpec, environ: Any = os.environ) -> tuple[TrainConfig, str]:

@@ -13,6 +13,7 @@ import pytest
 
 from submitter.contract import events as ev
 from training import gpu_smoke as smoke
+from training import smoke_plan
 from submitter.contract.flops import PEAK_RULES, peak_for
 
 
@@ -99,37 +100,113 @@ def test_failures_are_named():
 
 def test_arguments_and_the_case_plan():
     a = smoke.parse_args([])
-    assert [c.name for c in a.cases] == ["ddp-eager", "ddp-compiled", "fsdp-eager", "fsdp-compiled",
-                                         "ddp-resume"]
-    assert a.steps == 12
-    planned = dict((c.name, why) for c, why in smoke.plan(a.cases, has_compile=True, cpu=False))
-    assert set(planned.values()) == {None}
-    without = dict((c.name, why) for c, why in smoke.plan(a.cases, has_compile=False, cpu=False))
-    assert without["ddp-compiled"] == without["fsdp-compiled"] == "this entrypoint has no --compile"
-    assert without["ddp-eager"] is None and without["ddp-resume"] is None
-    cpu = dict((c.name, why) for c, why in smoke.plan(a.cases, has_compile=True, cpu=True))
-    assert cpu["fsdp-eager"] == "FSDP needs GPUs"
-    alone = smoke.parse_args(["--cases", "ddp-resume"]).cases
-    assert smoke.plan(alone, True, False)[0][1] == "needs case ddp-eager"
-    for bad in (["--cases", "ddp,nope"], ["--steps", "1"]):
+    assert [c.name for c in a.cases] == ["reference", "step", "ddp-compiled", "resume", "ddp2",
+                                         "fsdp-compiled"]
+    assert a.steps is None and a.bpe_file is None  # the card's plan; byte-level, no download
+    assert smoke.skip_reasons(a.cases, has_compile=True, cpu=False) == {}
+    without = smoke.skip_reasons(a.cases, has_compile=False, cpu=False)
+    assert set(without) == {"ddp-compiled", "resume", "fsdp-compiled"}  # in-process cases run
+    assert set(without.values()) == {"this entrypoint has no --compile"}
+    assert smoke.skip_reasons(a.cases, True, cpu=True) == {"fsdp-compiled": "FSDP needs GPUs"}
+    no_cc = smoke.skip_reasons(a.cases, True, False, toolchain="needs a C compiler: apt-get ...")
+    assert set(no_cc) == {"reference", "step", "ddp-compiled", "resume", "fsdp-compiled"}  # not ddp2 (eager)
+    alone = smoke.parse_args(["--cases", "resume"]).cases
+    assert smoke.skip_reasons(alone, True, False) == {"resume": "needs case ddp-compiled"}
+    for bad in (["--cases", "ddp,nope"], ["--steps", "1"], ["--bpe-file", "/no/such/ranks"]):
         with pytest.raises(SystemExit) as e:
             smoke.parse_args(bad)
         assert e.value.code == 2
 
 
-def test_each_case_is_the_entrypoint_with_the_default_job_and_its_own_flags():
-    a = smoke.parse_args(["--steps", "8", "--work", "/w"])
-    by_name = {c.name: c for c in smoke.CASES}
-    argv = smoke.case_argv(by_name["fsdp-compiled"], a, True, "bf16", "/w/runs")
+def test_each_case_is_the_entrypoint_with_the_default_job_and_its_own_flags(tmp_path):
+    ranks = tmp_path / "gpt2.tiktoken"
+    ranks.write_text("")
+    a = smoke.parse_args(["--work", "/w", "--bpe-file", str(ranks)])
+    by_name = smoke.BY_NAME
+    argv = smoke.case_argv(by_name["fsdp-compiled"], a, True, "bf16", "/w/runs", 8)
     assert argv[1:3] == ["-m", "training"]
     assert "--fsdp" in argv and argv[argv.index("--compile") + 1] == "on"
     assert argv[argv.index("--max-steps-per-epoch") + 1] == "8"
     assert argv[argv.index("--gpu-per-pod") + 1] == "1" and "--model" not in argv  # the default model
-    assert "--compile" not in smoke.case_argv(by_name["ddp-eager"], a, False, "bf16", "/w/runs")
-    first = smoke.case_argv(by_name["ddp-eager"], a, True, "bf16", "/w/runs")
-    again = smoke.case_argv(by_name["ddp-resume"], a, True, "bf16", "/w/runs")
-    assert first[first.index("--name") + 1] == again[again.index("--name") + 1] == "smoke-ddp-eager"
+    assert argv[argv.index("--bpe-file") + 1] == str(ranks) and "--tokenizer" not in argv
+    first = smoke.case_argv(by_name["ddp-compiled"], a, True, "bf16", "/w/runs", 4)
+    again = smoke.case_argv(by_name["resume"], a, True, "bf16", "/w/runs", 4)
+    assert first[first.index("--name") + 1] == again[again.index("--name") + 1] == "smoke-ddp-compiled"
     assert (first[first.index("--epochs") + 1], again[again.index("--epochs") + 1]) == ("1", "2")
+    assert "--compile" not in smoke.case_argv(by_name["ddp-eager"], a, False, "bf16", "/w/runs", 4)
+    byte = smoke.case_argv(by_name["ddp-eager"], smoke.parse_args([]), True, "bf16", "/w", 4)
+    assert byte[byte.index("--tokenizer") + 1] == "byte" and "--bpe-file" not in byte  # never a download
+
+
+def test_the_in_process_cases_take_the_plans_batch_and_the_shared_cache():
+    a = smoke.parse_args(["--work", "/w"])
+    plan = smoke_plan.plan_for_card("NVIDIA H100 80GB HBM3", 80.0, smoke.DEFAULT_CASES)
+    for name in ("reference", "step", "ddp2"):
+        argv = smoke.step_argv(smoke.BY_NAME[name], a, plan, 3, "bf16", "/w")
+        assert argv[1:5] == ["-m", "training.smoke_step", "--case", name]
+        assert argv[argv.index("--micro") + 1] == str(plan.micro)
+        assert argv[argv.index("--accum") + 1] == str(plan.accumulation)
+        assert argv[argv.index("--compile-cache") + 1] == "/w/shared"
+    assert smoke.step_argv(smoke.BY_NAME["ddp2"], a, plan, 3, "bf16", "/w")[
+        smoke.step_argv(smoke.BY_NAME["ddp2"], a, plan, 3, "bf16", "/w").index("--compile") + 1] == "off"
+
+
+def test_an_entrypoint_case_links_the_shared_compile_cache_and_keeps_it(tmp_path):
+    storage, work = tmp_path / "runs", tmp_path
+    case = smoke.BY_NAME["ddp-compiled"]
+    smoke.share_compile_cache(str(storage), case, str(work))
+    link = storage / "smoke-ddp-compiled" / ".compile-cache"
+    assert link.is_symlink() and link.resolve() == (work / "shared" / ".compile-cache").resolve()
+    (link / "entry").write_text("compiled")  # written by inductor through the link
+    (storage / "smoke-ddp-compiled" / "checkpoint_x").mkdir()
+    smoke.share_compile_cache(str(storage), smoke.BY_NAME["resume"], str(work))  # resume keeps the run
+    assert (storage / "smoke-ddp-compiled" / "checkpoint_x").exists()
+    smoke.share_compile_cache(str(storage), case, str(work))  # a new run: its directory is wiped ...
+    assert not (storage / "smoke-ddp-compiled" / "checkpoint_x").exists()
+    assert (work / "shared" / ".compile-cache" / "entry").read_text() == "compiled"  # ... the cache is not
+
+
+def _line(case: str, tokens_per_s: float, peak: float, **kw) -> dict:
+    base = {"case": case, "micro": 64, "accum": 32, "world": 1, "tokens_per_step": 524_288,
+            "tokens_per_s": tokens_per_s, "params": 123_886_080, "n_layer": 12, "n_embd": 768,
+            "block": 256, "precision": "bf16", "compile": True, "peak_mem_gib": peak,
+            "parallel": "single"}
+    return {**base, **kw}
+
+
+def test_the_in_process_cases_report_ratios_memory_and_what_ran():
+    peak = peak_for("NVIDIA H200")
+    ref = smoke.summarize_step(smoke.BY_NAME["reference"], _line("reference", 550_000, 55.7), peak)
+    step = smoke.summarize_step(smoke.BY_NAME["step"], _line("step", 462_000, 68.5), peak)
+    ddp2 = smoke.summarize_step(smoke.BY_NAME["ddp2"], _line(
+        "ddp2", 200_000, 20.0, world=2, parallel="ddp", backend="gloo",
+        grad_compression="bf16_compress_hook", compile=False, weights_agree=True), peak)
+    assert ref.mfu == pytest.approx(550_000 * (6 * 123_886_080 + 12 * 12 * 768 * 256) / 989e12)
+    assert ddp2.parallel == "ddp x2 on one device (gloo, bf16_compress_hook, no_sync)"
+    assert step.parallel == "single (compiled)" and (step.micro, step.accumulation) == (64, 32)
+    ratios = smoke.ratio_to([ref, step, ddp2], "reference")
+    assert ratios == {"reference": 1.0, "step": pytest.approx(0.84, abs=0.001),
+                      "ddp2": pytest.approx(0.364, abs=0.001)}
+    table = smoke.format_report("NVIDIA H200", peak, [ref, step, ddp2])
+    row = next(x for x in table.splitlines() if x.startswith("step "))
+    assert "0.84x" in row and "68.5 GiB" in row and "64x32" in row and "462,000" in row
+    verdicts = dict((t, v) for t, _, v in smoke.targets([ref, step, ddp2]))
+    assert verdicts == {"ddp-compiled >= 0.95x step": "n/a", "step >= 1.0x reference": "below",
+                        "step's peak memory <= the reference's": "below"}
+    assert "  step >= 1.0x reference: 0.84x  below" in table.splitlines()
+    bad = smoke.summarize_step(smoke.BY_NAME["ddp2"], _line("ddp2", 1.0, 1.0, world=2, parallel="ddp",
+                                                            weights_agree=False), peak)
+    assert (bad.status, bad.reason) == ("FAIL", "the ranks' weights differ after the steps")
+    assert smoke.summarize_step(smoke.BY_NAME["step"], None, peak).reason == "no result line"
+
+
+def test_the_targets_say_ok_when_met():
+    fast = smoke.summarize_step(smoke.BY_NAME["step"], _line("step", 600_000, 50.0), None)
+    ref = smoke.summarize_step(smoke.BY_NAME["reference"], _line("reference", 550_000, 55.7), None)
+    ddp = smoke.summarize(smoke.BY_NAME["ddp-compiled"], _events(), None, 12, 768)
+    ddp.tokens_per_sec = 580_000
+    assert [v for _, _, v in smoke.targets([ref, fast, ddp])] == ["ok", "ok", "ok"]
+    assert smoke.targets([ref, fast, ddp])[0][1] == "0.97x"
 
 
 def test_every_flag_the_script_passes_exists_in_the_entrypoint():
@@ -140,10 +217,16 @@ def test_every_flag_the_script_passes_exists_in_the_entrypoint():
     for case in smoke.CASES:
         for cpu in (False, True):
             a.cpu = cpu
-            flags = [x for x in smoke.case_argv(case, a, False, "bf16", "/w")[3:] if x.startswith("--")]
+            flags = [x for x in smoke.case_argv(case, a, True, "bf16", "/w", 4)[3:] if x.startswith("--")]
             assert set(flags) <= known, set(flags) - known
     assert smoke.has_flag("  [--compile STR] [--fsdp | --no-fsdp]", "--compile")
     assert not smoke.has_flag("  [--compile-cache STR]", "--compile")
+    from training.smoke_step import parse_args as step_args
+
+    plan = smoke_plan.cpu_plan(smoke.DEFAULT_CASES)
+    for name in ("reference", "step", "ddp2"):
+        a.cpu = True
+        step_args(smoke.step_argv(smoke.BY_NAME[name], a, plan, 3, "fp32", "/w")[3:])  # parses
 
 
 def test_the_script_needs_neither_tests_nor_pytest():
@@ -160,14 +243,22 @@ def test_the_script_needs_neither_tests_nor_pytest():
 
 @pytest.mark.slow
 def test_the_smoke_script_runs_its_cases_on_cpu(storage):
-    """The script end to end on CPU: a real entrypoint run, then its resume."""
-    proc = subprocess.run([sys.executable, "-m", "training.gpu_smoke", "--cpu", "--steps", "6",
-                           "--cases", "ddp-eager,ddp-resume", "--work", str(storage),
-                           "--case-timeout", "400", "--extra=--limit-rows=3000"],
+    """The script end to end on CPU: the reference and the project's step (compiled, tiny
+    shapes), a real compiled entrypoint run, then its resume; one compile cache."""
+    proc = subprocess.run([sys.executable, "-m", "training.gpu_smoke", "--cpu", "--steps", "3",
+                           "--cases", "reference,step,ddp-compiled,resume", "--work", str(storage),
+                           "--extra=--limit-rows=3000"],
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    rows = {line.split()[0]: line for line in proc.stdout.splitlines()[-3:]}
-    assert rows["ddp-eager"].rstrip().endswith("ok") and rows["ddp-resume"].rstrip().endswith("ok")
+    table = proc.stdout[proc.stdout.index("device: cpu"):].splitlines()
+    rows = {line.split()[0]: line for line in table[3:7]}
+    assert list(rows) == ["reference", "step", "ddp-compiled", "resume"]
+    assert all(row.rstrip().endswith("ok") for row in rows.values()), table
+    assert " 1.00x " in rows["reference"] and " 2x4 " in rows["step"]  # the plan's batch
+    assert "single (compiled)" in rows["step"] and "single (compiled)" in rows["ddp-compiled"]
+    assert any(line.startswith("  step >= 1.0x reference: ") for line in table)
+    assert (storage / "shared" / ".compile-cache").is_dir()
+    assert (storage / "runs" / "smoke-ddp-compiled" / ".compile-cache").is_symlink()
 
 
 @pytest.mark.gpu
