@@ -159,7 +159,7 @@ def fake_entrypoint(tmp_path, monkeypatch):
     script = tmp_path / "fake_training.py"
     script.write_text(FAKE_ENTRYPOINT)
     monkeypatch.setattr(local, "child_command", lambda: [sys.executable, str(script)])
-    monkeypatch.setattr(local, "require_training_stack", lambda what: None)
+    monkeypatch.setattr(local, "require_training_stack", lambda *what: None)
     monkeypatch.setenv("FAKE_ROOT", str(ROOT))
     return monkeypatch
 
