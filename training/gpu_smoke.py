@@ -157,8 +157,9 @@ def skip_reasons(cases: Sequence[Case], has_compile: bool, cpu: bool,
 
 
 def case_argv(case: Case, a: argparse.Namespace, has_compile: bool, precision: str,
-              storage: str, steps: int) -> list[str]:
-    """`python -m training` flags for a case: the default job but for its length."""
+              storage: str, steps: int, global_batch: Optional[int] = None) -> list[str]:
+    """`python -m training` flags for a case: the default job but for its length (and its
+    step's size where the card's plan takes fewer micro-batches a step: `global_batch`)."""
     argv = [sys.executable, "-m", "training", "--name", case.job_name, "--storage-path", storage,
             "--allow-ephemeral-storage", "--replicas", "1", "--dataset", "python-stdlib",
             "--epochs", "2" if case.resumes else "1", "--max-steps-per-epoch", str(steps),
@@ -169,6 +170,8 @@ def case_argv(case: Case, a: argparse.Namespace, has_compile: bool, precision: s
         argv += ["--model", "tiny", "--gpu-per-pod", "0"]
     else:
         argv += ["--gpu-per-pod", "1"]
+    if global_batch:
+        argv += ["--global-batch-size", str(global_batch)]
     if case.fsdp:
         argv.append("--fsdp")
     if has_compile:
@@ -465,8 +468,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 r.steps = cp.steps
         else:
             share_compile_cache(storage, case, work)
-            events, tail = run_case(case_argv(case, a, has_compile, precision, storage, cp.steps),
-                                    work, timeout)
+            smaller = plan.accumulation != plan.default_accumulation
+            argv = case_argv(case, a, has_compile, precision, storage, cp.steps,
+                             plan.micro * plan.accumulation if smaller else None)
+            events, tail = run_case(argv, work, timeout)
             r = summarize(case, events, peak, preset.n_layer, preset.n_embd)
         r.seconds = time.monotonic() - t0
         results.append(r)

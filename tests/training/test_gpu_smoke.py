@@ -134,6 +134,10 @@ def test_each_case_is_the_entrypoint_with_the_default_job_and_its_own_flags(tmp_
     assert first[first.index("--name") + 1] == again[again.index("--name") + 1] == "smoke-ddp-compiled"
     assert (first[first.index("--epochs") + 1], again[again.index("--epochs") + 1]) == ("1", "2")
     assert "--compile" not in smoke.case_argv(by_name["ddp-eager"], a, False, "bf16", "/w/runs", 4)
+    assert "--global-batch-size" not in first  # the default run's step
+    t4 = smoke_plan.plan_for_card("Tesla T4", 15.0, smoke.DEFAULT_CASES)
+    short = smoke.case_argv(by_name["ddp-compiled"], a, True, "fp16", "/w/runs", 4, t4.micro * t4.accumulation)
+    assert short[short.index("--global-batch-size") + 1] == str(t4.tokens_per_step // 256)
     byte = smoke.case_argv(by_name["ddp-eager"], smoke.parse_args([]), True, "bf16", "/w", 4)
     assert byte[byte.index("--tokenizer") + 1] == "byte" and "--bpe-file" not in byte  # never a download
 
@@ -263,8 +267,9 @@ def test_the_smoke_script_runs_its_cases_on_cpu(storage):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a CUDA GPU")
-def test_the_gpu_smoke_run(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "training.gpu_smoke", "--work", str(tmp_path)],
+def test_the_gpu_smoke_run(storage):
+    """The card's whole plan (--work off /tmp: the entrypoint refuses ephemeral storage)."""
+    proc = subprocess.run([sys.executable, "-m", "training.gpu_smoke", "--work", str(storage)],
                           capture_output=True, text=True, timeout=600)
     print(proc.stdout[-4000:])
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
