@@ -10,7 +10,8 @@ cold compile or one from the shared cache: figures from the H200 run, FACTS' fif
 2. gives the entrypoint's cases `DEFAULT_STEPS` steps (fewer, down to `MIN_STEPS`, when the sum
    of the estimates does not fit) and the in-process cases `TIMED_STEPS` timed steps;
 3. drops cases from the end of the run order (`DROP_ORDER`: the least telling first) while it
-   still does not fit, and says so in the report.
+   still does not fit, takes back any dropped case that fits the time left after all, and says
+   in the report what it dropped.
 A case's budget (its timeout) is its estimate times `SAFETY`, at least `MIN_CASE_S`; the smoke
 run also cuts it to the time the whole plan has left, and skips a case whose estimate no
 longer fits rather than start it to be killed.
@@ -173,6 +174,13 @@ def plan_for_card(device_name: str, memory_gib: float, cases: Sequence[str],
             chosen.remove(victim)
             dropped.append((victim, f"the {total_budget_s / 60:g}-minute plan leaves no time on this card"))
             planned = build(n, chosen)
+    for name, _ in list(reversed(dropped)):  # a smaller case dropped on the way may fit again
+        if name == "ddp2" and memory_gib < DDP2_MIN_GIB or name == "resume" and "ddp-compiled" not in chosen:
+            continue
+        again = build(n, order_cases(chosen + [name]))
+        if _estimate(again) <= total_budget_s:
+            chosen, planned = order_cases(chosen + [name]), again
+            dropped = [d for d in dropped if d[0] != name]
     return SmokePlan(peak.label if peak else device_name, micro, accum, default_accum, tokens,
                      tuple(planned), tuple(dropped), total_budget_s, tuple(notes))
 

@@ -76,6 +76,10 @@ def test_a_tight_budget_shortens_the_steps_before_dropping_cases():
     assert [c.name for c in tighter.cases][:2] == ["reference", "step"]
     assert [n for n, _ in tighter.dropped][:1] == ["fsdp-compiled"]  # the end of the order first
     assert tighter.estimate_s <= 240
+    # a case dropped on the way that fits after all is taken back (ddp2 after resume went)
+    back = sp.plan_for_card("NVIDIA H100 80GB HBM3", 80.0, ALL, total_budget_s=300)
+    assert [c.name for c in back.cases] == ["reference", "step", "ddp-compiled", "ddp2"]
+    assert [n for n, _ in back.dropped] == ["fsdp-compiled", "resume"] and back.estimate_s <= 300
 
 
 def test_the_default_batch_is_what_the_default_gpu_run_resolves():
