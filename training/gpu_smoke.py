@@ -344,17 +344,32 @@ def format_report(device: str, peak: Optional[Peak], results: Sequence[Result],
 
 def run_process(argv: list[str], cwd: str, timeout: float,
                 env: Optional[dict[str, str]] = None) -> tuple[str, bool]:
-    """Run one process; what it printed, and whether it timed out."""
+    """Run one process in a session of its own; what it printed, and whether it timed out.
+    On a timeout the whole session goes (SIGTERM, then SIGKILL): a case's Ray processes or
+    spawned ranks must not keep the GPU's memory from the next case."""
+    import signal
+
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", **(env or {})}
     env.pop("RAY_ADDRESS", None)
+    proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, errors="replace",
+                            start_new_session=True)
     try:
-        proc = subprocess.run(argv, cwd=cwd, env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True, errors="replace",
-                              timeout=timeout)
-        return proc.stdout, False
-    except subprocess.TimeoutExpired as e:
-        out = (e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
-        return out + f"\n(timed out after {timeout:.0f} s)", True
+        out, _ = proc.communicate(timeout=timeout)
+        return out, False
+    except subprocess.TimeoutExpired:
+        out = ""
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:
+                pass
+            try:
+                out, _ = proc.communicate(timeout=10)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        return (out or "") + f"\n(timed out after {timeout:.0f} s)", True
 
 
 def run_case(argv: list[str], cwd: str, timeout: float) -> tuple[list[dict[str, Any]], str]:
@@ -461,11 +476,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         timeout = min(cp.budget_s, left)
         t0 = time.monotonic()
         if case.in_process:
-            line, tail, _ = run_step_case(step_argv(case, a, plan, cp.steps, precision, work),
-                                          work, timeout)
+            line, tail, timed_out = run_step_case(step_argv(case, a, plan, cp.steps, precision, work),
+                                                  work, timeout)
             r = summarize_step(case, line, peak)
             if line is not None:
                 r.steps = cp.steps
+            elif timed_out:
+                r.reason = f"timed out after {timeout:.0f} s"
         else:
             share_compile_cache(storage, case, work)
             smaller = plan.accumulation != plan.default_accumulation

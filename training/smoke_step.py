@@ -191,7 +191,7 @@ def run_steps(case: str, a: argparse.Namespace, rank: int = 0, world: int = 1) -
            "params": built["params"], "n_layer": s["n_layer"], "n_embd": s["n_embd"], "block": block,
            "vocab": s["padded_vocab"], "precision": precision.name, "tf32": tf32,
            "compile": a.compile == "on", "warmup_s": round(warmup_s, 2),
-           "loss": round(float(loss) , 4), "peak_mem_gib": round(_peak_memory_gib(device), 3),
+           "loss": round(float(loss), 4), "peak_mem_gib": round(_peak_memory_gib(device), 3),
            "parallel": "single", "torch": torch.__version__}
     if case == "ddp2":
         out.update(parallel="ddp", backend=_backend(),

@@ -170,6 +170,24 @@ def test_an_entrypoint_case_links_the_shared_compile_cache_and_keeps_it(tmp_path
     assert (work / "shared" / ".compile-cache" / "entry").read_text() == "compiled"  # ... the cache is not
 
 
+def test_a_case_that_times_out_takes_its_whole_process_group_with_it(tmp_path):
+    """A Ray case's processes or ddp2's spawned ranks must not hold the GPU past their case."""
+    pid_file = tmp_path / "grandchild"
+    script = f"import subprocess, time; p = subprocess.Popen(['sleep', '60']); " \
+             f"open({str(pid_file)!r}, 'w').write(str(p.pid)); print('started', flush=True); time.sleep(60)"
+    out, timed_out = smoke.run_process([sys.executable, "-c", script], str(tmp_path), timeout=3)
+    assert timed_out and "started" in out and "(timed out after 3 s)" in out
+    grandchild = int(pid_file.read_text())
+    import time
+
+    for _ in range(50):  # reaped by init once killed
+        if not os.path.exists(f"/proc/{grandchild}") or open(f"/proc/{grandchild}/stat").read().split()[2] == "Z":
+            break
+        time.sleep(0.1)
+    else:
+        raise AssertionError(f"the case's grandchild {grandchild} outlived its timeout")
+
+
 def _line(case: str, tokens_per_s: float, peak: float, **kw) -> dict:
     base = {"case": case, "micro": 64, "accum": 32, "world": 1, "tokens_per_step": 524_288,
             "tokens_per_s": tokens_per_s, "params": 123_886_080, "n_layer": 12, "n_embd": 768,
