@@ -1,7 +1,7 @@
 """Before any compiled case: is there a C compiler and Python's headers?
 
 Triton (inductor's GPU backend) builds a small C helper the first time it compiles, with the
-compiler in `CC` or the first of cc/gcc/clang on PATH, against `Python.h`. A machine with only
+compiler in `CC`, else gcc, else clang from PATH (not `cc`), against `Python.h`. A machine with only
 Python and pip has neither, and every compiled case would fail deep inside inductor with
 "Failed to find C compiler". `toolchain_problem` is pure (fed the facts) and names the package
 to install for the distribution the machine runs.
@@ -15,7 +15,8 @@ import sys
 import sysconfig
 from typing import Mapping, Optional
 
-COMPILERS = ("cc", "gcc", "clang")
+#: What Triton looks for on PATH when CC is unset, in its order.
+COMPILERS = ("gcc", "clang")
 
 #: The package names by distribution family (/etc/os-release ID or ID_LIKE).
 INSTALL = {
@@ -80,8 +81,23 @@ def find_compiler(environ: Mapping[str, str] = os.environ) -> Optional[str]:
     return next((p for p in map(shutil.which, COMPILERS) if p), None)
 
 
+def include_dirs() -> list[str]:
+    """Where Triton looks for Python.h: the default install scheme's include directory, with
+    Debian's `posix_local` (/usr/local/include/...) read as `posix_prefix` (/usr/include/...),
+    as triton/runtime/build.py does; both are tried."""
+    dirs = []
+    for scheme in (sysconfig.get_default_scheme(), "posix_prefix"):
+        try:
+            path = sysconfig.get_paths(scheme="posix_prefix" if scheme == "posix_local" else scheme)["include"]
+        except KeyError:
+            continue
+        if path not in dirs:
+            dirs.append(path)
+    return dirs
+
+
 def problem_here() -> Optional[str]:
     """`toolchain_problem` for this machine and this Python."""
-    include = sysconfig.get_paths().get("include") or ""
-    return toolchain_problem(find_compiler(), os.path.exists(os.path.join(include, "Python.h")),
-                             read_os_release(), f"{sys.version_info[0]}.{sys.version_info[1]}")
+    headers = any(os.path.exists(os.path.join(d, "Python.h")) for d in include_dirs())
+    return toolchain_problem(find_compiler(), headers, read_os_release(),
+                             f"{sys.version_info[0]}.{sys.version_info[1]}")

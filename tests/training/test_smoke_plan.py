@@ -135,7 +135,13 @@ def test_cc_names_the_compiler(monkeypatch, tmp_path):
     assert toolchain.find_compiler({"CC": "/definitely/not/a/compiler"}) is None
     monkeypatch.setenv("PATH", str(tmp_path))
     assert toolchain.find_compiler({}) is None
-    cc = tmp_path / "clang"
-    cc.write_text("#!/bin/sh\n")
-    cc.chmod(0o755)
-    assert toolchain.find_compiler({}) == str(cc)
+    for name in ("cc", "clang"):  # Triton never looks for `cc`
+        (tmp_path / name).write_text("#!/bin/sh\n")
+        (tmp_path / name).chmod(0o755)
+    assert toolchain.find_compiler({}) == str(tmp_path / "clang")
+
+
+def test_the_headers_are_looked_for_where_triton_looks():
+    import sysconfig
+
+    assert sysconfig.get_paths(scheme="posix_prefix")["include"] in toolchain.include_dirs()
