@@ -253,13 +253,15 @@ def test_every_flag_the_script_passes_exists_in_the_entrypoint():
 
 def test_the_script_needs_neither_tests_nor_pytest():
     """`pip install ".[train]"` has no tests/ and no pytest: the script imports neither."""
-    for module in ("training/gpu_smoke.py", "submitter/contract/flops.py"):
+    for module in ("training/gpu_smoke.py", "training/smoke_step.py", "training/smoke_plan.py",
+                   "training/toolchain.py", "training/reference_gpt.py", "submitter/contract/flops.py"):
         tree = ast.parse(open(os.path.join(os.path.dirname(smoke.__file__), "..", module)).read())
         names = {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
         names |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
         assert not {n for n in names if n.split(".")[0] in ("tests", "pytest")}, names
     code = ("import sys; sys.modules['pytest'] = None; sys.modules['tests'] = None; "
-            "import training.gpu_smoke as s; s.parse_args([])")
+            "import training.gpu_smoke as s, training.smoke_step as t; s.parse_args([]); "
+            "t.parse_args(['--case', 'step', '--micro', '1', '--accum', '1'])")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 
 
