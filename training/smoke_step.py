@@ -187,7 +187,7 @@ def run_steps(case: str, a: argparse.Namespace, rank: int = 0, world: int = 1) -
     tokens = a.micro * block * accum * world
     out = {"case": case, "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
            "micro": a.micro, "accum": a.accum, "world": world, "tokens_per_step": tokens,
-           "step_s": round(step_s, 4), "tokens_per_s": round(tokens / step_s, 1),
+           "step_s": round(step_s, 6), "tokens_per_s": round(tokens / step_s, 1),
            "params": built["params"], "n_layer": s["n_layer"], "n_embd": s["n_embd"], "block": block,
            "vocab": s["padded_vocab"], "precision": precision.name, "tf32": tf32,
            "compile": a.compile == "on", "warmup_s": round(warmup_s, 2),
