@@ -293,3 +293,15 @@ def test_the_gpu_smoke_run(storage):
                           capture_output=True, text=True, timeout=600)
     print(proc.stdout[-4000:])
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+
+def test_the_shell_wrapper_finds_the_stack_and_hands_its_arguments_over():
+    """scripts/gpu-smoke.sh on a machine that has everything: nothing installed, the smoke
+    run gets the arguments (here --help)."""
+    from tests.conftest import ROOT
+
+    env = {**os.environ, "PYTHON": sys.executable}
+    proc = subprocess.run(["bash", str(ROOT / "scripts" / "gpu-smoke.sh"), "--help"], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "--bpe-file FILE" in proc.stdout and "installing" not in proc.stdout
