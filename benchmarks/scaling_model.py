@@ -162,7 +162,7 @@ def table(s: Settings, gpus: Sequence[int] = GPUS,
 
 
 def format_table(rows: list[dict], bandwidths: Sequence[float] = BANDWIDTHS_GBPS) -> str:
-    """A Markdown table (the README carries it)."""
+    """A Markdown table (docs/gpus/multi-node.md carries it)."""
     bw = " | ".join(f"{b:g} Gb/s" for b in bandwidths)
     out = [f"| GPUs | tokens/GPU/step | micro-batches x tokens | compute ms | all-reduce ms "
            f"(exposed) at {', '.join(f'{b:g}' for b in bandwidths)} Gb/s | efficiency {bw} |",

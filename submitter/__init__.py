@@ -1,6 +1,6 @@
 """submitter: distributed GPT-2 pre-training from a laptop to KubeRay, with durable checkpoints.
 
-The Python API (see `submitter.api` and the README):
+The Python API (see `submitter.api` and docs/reference/api.md):
 
     import submitter
     spec = submitter.JobSpec.build(name="gpt2-demo", replicas=8, gpu_per_pod=1)

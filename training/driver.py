@@ -69,6 +69,7 @@ class Claim:
     tokenizer_line: str
     record: Optional[dict[str, Any]]
     lock: Any = None
+    sample_prompt: Optional[str] = None  # the closing sample's prompt, set once the data is read
 
     def release(self) -> None:
         if self.lock is not None:
@@ -304,7 +305,7 @@ def _wait_for_checkpoint_event(hub: Any, path: Optional[str], timeout: float = 1
 
 
 def _export_at_end(cfg: TrainConfig, result: Any, claim: Claim, notice: Notice) -> dict[str, Any]:
-    """`<run>/model` as a Hugging Face directory, and a greedy sample for run_finished.
+    """`<run>/model` as a Hugging Face directory, and a sample of its text for run_finished.
     A failed export costs the export, not the run (its checkpoints are safe)."""
     from training.export import EXPORT_DIR, SAMPLE_PROMPT, export_run_end
     from training.run_identity import join
@@ -312,12 +313,13 @@ def _export_at_end(cfg: TrainConfig, result: Any, claim: Claim, notice: Notice) 
     if result.checkpoint is None:
         return {}
     try:
-        out = export_run_end(result.checkpoint, join(run_dir_of(cfg), EXPORT_DIR), claim.record)
+        out = export_run_end(result.checkpoint, join(run_dir_of(cfg), EXPORT_DIR), claim.record,
+                             claim.sample_prompt or SAMPLE_PROMPT)
     except Exception as e:  # noqa: BLE001
         notice(f"export failed ({_one_line(e)}); the checkpoints are intact: submitter export "
                f"{cfg.run_name} ... -o DIR retries it")
         return {"export_error": _one_line(e)}
-    return {"export_dir": out["export_dir"], "sample_prompt": SAMPLE_PROMPT,
+    return {"export_dir": out["export_dir"], "sample_prompt": out["sample_prompt"],
             "sample": out["sample"]}
 
 
@@ -346,6 +348,7 @@ def _prepare(cfg: TrainConfig, hub: Any, notice: Notice,
     from ray.train.torch import TorchTrainer
 
     from training.data import load_corpus, token_datasets
+    from training.export import prompt_from
     from training.loop import train_func
     from training.checkpoint_events import CheckpointEvents
     from training.model import PRESETS, expected_parameters
@@ -362,6 +365,7 @@ def _prepare(cfg: TrainConfig, hub: Any, notice: Notice,
     corpus = load_corpus(cfg.dataset, cfg.dataset_config, cfg.data, cfg.data_format,
                          cfg.text_column, cfg.val_data, cfg.limit_rows)
     notice(corpus.description)
+    claim.sample_prompt = prompt_from(corpus.sample)
     block = cfg.block_size or PRESETS[cfg.model].block_size
     train_ds, val_ds = token_datasets(corpus, tok_spec, block, cfg.val_percent)
     plan = plan_run(cfg, corpus, tok_spec, block, notice)  # GPU checks, precision, steps

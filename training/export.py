@@ -1,4 +1,4 @@
-"""A model that leaves: a checkpoint -> a Hugging Face directory, and a short greedy sample.
+"""A model that leaves: a checkpoint -> a Hugging Face directory, and a short sample of its text.
 
 The directory holds `config.json` + `model.safetensors` (what `GPT2LMHeadModel.from_pretrained`
 loads) and the tokenizer: `tokenizer_info.json` always (kind, vocabulary, end-of-text id), plus
@@ -9,6 +9,11 @@ sliced off, so its logits are the vocabulary's and nothing else.
 `python -m training export NAME --storage-path P -o DIR` (what `submitter export` runs as a
 child process, so the CLI never imports torch) exports a run's latest checkpoint; the driver
 exports `<run>/model` at the end of every run and puts the sample into `run_finished`.
+
+The sample shows what the model learned: its prompt is the start of a row of the run's own
+training data, and it is drawn with a temperature and top-k, as people sample a language model.
+Greedy decoding of a small model falls into a loop at once ('The the the ...') and says nothing
+about it. A fixed seed keeps a sample repeatable for the same weights.
 """
 
 from __future__ import annotations
@@ -23,9 +28,15 @@ from typing import Any, Mapping, Optional, Sequence
 from submitter.contract.errors import UsageError
 from training.checkpoint_io import STATE_FILE, load_state
 
-#: The prompt every run's sample starts from, and how many tokens it adds (greedy: repeatable).
+#: The prompt of a sample when the run's data gives none, and how many tokens a sample adds.
 SAMPLE_PROMPT = "The "
-SAMPLE_TOKENS = 32
+SAMPLE_TOKENS = 48
+#: nanoGPT's sample.py defaults (temperature 0.8, top-k 200; 40 suits a 257-token byte vocab too).
+SAMPLE_TEMPERATURE = 0.8
+SAMPLE_TOP_K = 40
+SAMPLE_SEED = 0
+#: A prompt taken from the data is at most this long, cut at a space.
+PROMPT_CHARS = 40
 EXPORT_DIR = "model"
 TOKENIZER_INFO = "tokenizer_info.json"
 _CKPT = re.compile(r"^checkpoint_epoch(\d+)_step(\d+)$")
@@ -100,17 +111,40 @@ def encoding_for(tok: Mapping[str, Any]):
     return get_encoding(spec)
 
 
-def greedy_sample(model, encoding, prompt: str = SAMPLE_PROMPT, tokens: int = SAMPLE_TOKENS) -> str:
-    """The prompt and `tokens` greedy continuations, decoded (bytes that do not form UTF-8
-    show as U+FFFD)."""
+def prompt_from(rows: Sequence[str], fallback: str = SAMPLE_PROMPT) -> str:
+    """The start of the first training row with a few words in it (whitespace runs folded,
+    cut after a space), so the sample continues text of the kind the model was trained on."""
+    for row in rows:
+        text = " ".join(str(row).split())
+        if len(text) < 12 or " " not in text[:PROMPT_CHARS]:
+            continue
+        return text[:PROMPT_CHARS].rsplit(" ", 1)[0] + " " if len(text) > PROMPT_CHARS else text + " "
+    return fallback
+
+
+def sample_text(model, encoding, prompt: str = SAMPLE_PROMPT, tokens: int = SAMPLE_TOKENS,
+                temperature: float = SAMPLE_TEMPERATURE, top_k: int = SAMPLE_TOP_K,
+                seed: int = SAMPLE_SEED) -> str:
+    """The prompt and up to `tokens` tokens drawn from the model's distribution at `temperature`
+    among the `top_k` likeliest (the same seed, the same weights: the same text), decoded
+    (bytes that do not form UTF-8 show as U+FFFD). Stops at end-of-text."""
     import torch
 
     ids = list(encoding.encode_ordinary(prompt))
     block = model.config.n_positions
+    generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for _ in range(tokens):
             x = torch.tensor([ids[-block:]], dtype=torch.long)
-            ids.append(int(model(input_ids=x).logits[0, -1].argmax()))
+            # a training model's padded rows are no tokens: only the vocabulary's logits count
+            logits = model(input_ids=x).logits[0, -1, :encoding.n_vocab].float() / max(temperature, 1e-6)
+            if top_k and top_k < logits.numel():
+                kth = torch.topk(logits, top_k).values[-1]
+                logits = logits.masked_fill(logits < kth, float("-inf"))
+            token = int(torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=generator))
+            if token == encoding.eot_token:
+                break
+            ids.append(token)
     return encoding.decode_bytes(ids).decode("utf-8", errors="replace")
 
 
@@ -140,30 +174,34 @@ def write_hf_dir(model, tok: Mapping[str, Any], out_dir: str, source: str) -> No
 
 
 def export_checkpoint(checkpoint_dir: str, out_dir: str,
-                      run_record: Optional[Mapping[str, Any]] = None) -> dict[str, Any]:
-    """Export one checkpoint; returns {"export_dir", "sample", "checkpoint"}."""
+                      run_record: Optional[Mapping[str, Any]] = None,
+                      prompt: str = SAMPLE_PROMPT) -> dict[str, Any]:
+    """Export one checkpoint; returns {"export_dir", "sample_prompt", "sample", "checkpoint"}."""
     state = load_state(checkpoint_dir)
     tok = tokenizer_of(run_record, state["model_config"])
     model = hf_model(state, tok["vocab_size"])
     write_hf_dir(model, tok, out_dir, checkpoint_dir)
     try:
-        sample = greedy_sample(model, encoding_for(tok))
+        sample = sample_text(model, encoding_for(tok), prompt)
     except Exception as e:  # noqa: BLE001 - a tokenizer that cannot load here costs the sample only
         sample = f"(no sample: {type(e).__name__})"
-    return {"export_dir": out_dir, "sample": sample, "checkpoint": checkpoint_dir}
+    return {"export_dir": out_dir, "sample_prompt": prompt, "sample": sample,
+            "checkpoint": checkpoint_dir}
 
 
-def export_run_end(checkpoint: Any, target: str, run_record: Optional[Mapping[str, Any]]) -> dict[str, Any]:
-    """The driver's end-of-run export of a Ray Checkpoint into `target` (a path or URI)."""
+def export_run_end(checkpoint: Any, target: str, run_record: Optional[Mapping[str, Any]],
+                   prompt: str = SAMPLE_PROMPT) -> dict[str, Any]:
+    """The driver's end-of-run export of a Ray Checkpoint into `target` (a path or URI), its
+    sample continuing `prompt` (taken from the run's data)."""
     import tempfile
 
     from training.run_identity import is_local
 
     with checkpoint.as_directory() as d:
         if is_local(target):
-            return export_checkpoint(d, target, run_record)
+            return export_checkpoint(d, target, run_record, prompt)
         with tempfile.TemporaryDirectory() as tmp:
-            out = export_checkpoint(d, tmp, run_record)
+            out = export_checkpoint(d, tmp, run_record, prompt)
             import pyarrow.fs as pafs
 
             pafs.copy_files(tmp, target)

@@ -1,6 +1,6 @@
 """How many tokens an optimizer step takes, and how it gets there (pure; stdlib only).
 
-The rule (README "How it trains"):
+The rule (docs/gpus/batch.md):
 - **CPU jobs** keep the small defaults: 8 sequences per worker, one micro-batch per step.
 - **GPU jobs** aim at GPT-2's optimizer step, 524,288 tokens over all workers, reached by
   gradient accumulation from the largest micro-batch that fits one GPU (`micro_batch_that_fits`):

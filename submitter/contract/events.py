@@ -56,7 +56,7 @@ OPTIONAL: dict[str, frozenset[str]] = {
     # registered is true; reason is epoch_end | interval | preemption (SIGTERM); stall_s: the
     # seconds training paused for it (the upload runs behind training)
     "checkpoint_saved": frozenset({"step", "val_loss", "registered", "reason", "stall_s"}),
-    # export_dir: the Hugging Face directory; sample: a greedy continuation of sample_prompt
+    # export_dir: the Hugging Face directory; sample: sample_prompt (from the data) continued at a temperature
     "run_finished": frozenset({"epoch", "step", "train_loss", "val_loss", "tokens_per_sec",
                                "checkpoint_dir", "latest_checkpoint", "best_checkpoint",
                                "export_dir", "sample_prompt", "sample", "export_error"}),

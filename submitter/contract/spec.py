@@ -676,7 +676,7 @@ class JobSpec:
     batch_size_per_worker: Optional[int] = setting(
         None, group="training", check=_between(1, 1_000_000),
         help="sequences per worker per micro-batch (default: 8 on CPU; on GPUs the largest that "
-             "fits the GPU, see --gpu-type and README 'How it trains')")
+             "fits the GPU, see --gpu-type and docs/gpus/batch.md)")
     block_size: Optional[int] = setting(None, group="training", check=_between(8, 1_048_576),
                                         help="tokens per training sequence (default: the "
                                              "preset's, 256 for gpt2-small)")

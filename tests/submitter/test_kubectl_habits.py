@@ -174,10 +174,11 @@ def test_completion_is_silent_when_the_cluster_is_unreachable(tmp_path):
     assert time.monotonic() - started < 20  # no retry loop at a shell prompt
 
 
-def test_the_readmes_completion_lines_produce_a_script_for_each_shell():
+def test_the_docs_completion_lines_produce_a_script_for_each_shell():
     from tests.conftest import ROOT
 
-    lines = [line for line in (ROOT / "README.md").read_text().splitlines() if "_SUBMITTER_COMPLETE=" in line]
+    page = ROOT / "docs" / "cluster" / "index.md"
+    lines = [line for line in page.read_text().splitlines() if "_SUBMITTER_COMPLETE=" in line]
     shells = {}
     for line in lines:
         mode = line.split("_SUBMITTER_COMPLETE=")[1].split()[0].rstrip(")")

@@ -17,8 +17,8 @@ torch = pytest.importorskip("torch")
 
 from submitter.contract.errors import UsageError  # noqa: E402
 from training.checkpoint_io import load_state, save_state  # noqa: E402
-from training.export import (TOKENIZER_INFO, export_checkpoint, greedy_sample,  # noqa: E402
-                             latest_checkpoint)
+from training.export import (TOKENIZER_INFO, export_checkpoint, latest_checkpoint,  # noqa: E402
+                             prompt_from, sample_text)
 from training.model import (BETAS, MIN_LR_RATIO, build_model, build_optimizer,  # noqa: E402
                             build_scheduler, gpt2_config)
 from training.tokens import BYTE_EOT_ID, byte_encoding  # noqa: E402
@@ -107,10 +107,23 @@ def test_a_padded_vocabulary_is_sliced_to_the_tokenizers_on_export(tmp_path):
         assert torch.allclose(loaded(input_ids=x).logits, want, atol=1e-5)
 
 
-def test_the_greedy_sample_is_repeatable(tmp_path):
+def test_the_sample_is_drawn_at_a_temperature_and_repeatable_by_seed(tmp_path):
     model = _checkpoint(tmp_path)
     enc = byte_encoding()
-    assert greedy_sample(model, enc, tokens=8) == greedy_sample(model, enc, tokens=8)
+    first = sample_text(model, enc, "def main(", tokens=24)
+    assert first.startswith("def main(") and first == sample_text(model, enc, "def main(", tokens=24)
+    # drawn, not argmax: other seeds give other continuations, and near-zero temperature is greedy
+    assert len({sample_text(model, enc, "def main(", tokens=24, seed=s) for s in range(4)}) > 1
+    greedy = sample_text(model, enc, "def main(", tokens=24, temperature=1e-9, top_k=0)
+    assert greedy == sample_text(model, enc, "def main(", tokens=24, temperature=1e-9, top_k=0, seed=7)
+
+
+def test_the_prompt_is_the_start_of_a_training_row_cut_at_a_space():
+    rows = ["", "   ", "#!", '"""Record of phased-in   incompatible language changes.', "x"]
+    assert prompt_from(rows) == '"""Record of phased-in incompatible '
+    assert prompt_from(["The quick brown fox"]) == "The quick brown fox "
+    assert prompt_from(["", "abcdefghijklmnopqrstuvwxyz0123456789abcdefghij"]) == "The "  # no words
+    assert prompt_from([]) == "The "
 
 
 def test_latest_checkpoint_is_the_highest_step(tmp_path):

@@ -1,0 +1,186 @@
+"""The docs site: it builds strictly, its generated references cover the code, and the commands
+it shows run.
+
+A fenced `console` block preceded by `<!-- runnable -->` (or `<!-- runnable: cluster -->`,
+`<!-- runnable: local -->`) is executed: each `$ ` line (continued by a trailing `\\`) runs in
+bash, in one fresh directory per block, and its output (stdout and stderr) must be the lines
+shown under it, where `...` stands for any text (as doctest's ELLIPSIS). `cluster` blocks run
+against the Kubernetes API emulator (KUBECONFIG points at it); `local` blocks train for real and
+are marked slow.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import re
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT
+
+DOCS = ROOT / "docs"
+MARKER = re.compile(r"^<!-- runnable(?::\s*(\w+))?\s*-->\s*$")
+
+
+@dataclass(frozen=True)
+class Example:
+    page: str
+    line: int
+    kind: str
+    steps: tuple[tuple[str, str], ...]  # (command, expected output)
+
+    def __str__(self) -> str:
+        return f"{self.page}:{self.line}"
+
+
+def examples(root: Path = DOCS) -> list[Example]:
+    """Every runnable block of every page."""
+    found = []
+    for page in sorted(root.rglob("*.md")):
+        lines = page.read_text().splitlines()
+        for i, line in enumerate(lines):
+            match = MARKER.match(line)
+            if not match:
+                continue
+            assert lines[i + 1].startswith("```console"), f"{page}:{i + 1}: a runnable marker needs a console block"
+            end = lines.index("```", i + 2)
+            found.append(Example(str(page.relative_to(ROOT)), i + 1, match.group(1) or "render",
+                                 parse_session(lines[i + 2:end])))
+    return found
+
+
+def parse_session(lines: list[str]) -> tuple[tuple[str, str], ...]:
+    """`$ command` lines (with `\\` continuations) and the output lines under each."""
+    steps: list[tuple[str, list[str]]] = []
+    continued = False
+    for line in lines:
+        if line.startswith("$ ") or continued:
+            text = line[2:] if line.startswith("$ ") and not continued else line
+            if continued:
+                steps[-1] = (steps[-1][0] + "\n" + text, steps[-1][1])
+            else:
+                steps.append((text, []))
+            continued = line.endswith("\\")
+        else:
+            steps[-1][1].append(line)
+    return tuple((cmd, "\n".join(out)) for cmd, out in steps)
+
+
+def matches(expected: str, actual: str) -> bool:
+    """The shown output, with `...` standing for any text (newlines included)."""
+    pattern = ".*?".join(re.escape(part) for part in expected.strip().split("..."))
+    return re.fullmatch(pattern, actual.strip(), re.DOTALL) is not None
+
+
+def run_example(example: Example, cwd: Path, env: dict[str, str]) -> None:
+    # the project's own `submitter` (this interpreter's scripts folder) comes first on PATH
+    env = {**env, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}",
+           "COLUMNS": "100", "NO_COLOR": "1"}
+    for command, expected in example.steps:
+        done = subprocess.run(["bash", "-c", command], cwd=cwd, env=env, capture_output=True,
+                              text=True, timeout=900)
+        actual = done.stdout + done.stderr
+        assert matches(expected, actual), (f"{example}: `{command}` printed (exit {done.returncode}):\n"
+                                           f"{actual}\n--- the page shows:\n{expected}")
+
+
+EXAMPLES = examples()
+
+
+def _ids(kind: str) -> list:
+    return [pytest.param(e, id=str(e)) for e in EXAMPLES if e.kind == kind]
+
+
+def test_the_runnable_markers_are_found_and_known():
+    assert {e.kind for e in EXAMPLES} <= {"render", "cluster", "local"}
+    assert len(_ids("render")) >= 3 and _ids("cluster") and _ids("local")
+    assert matches("a ... c", "a b\nb c") and not matches("a c", "a b c")
+
+
+@pytest.mark.parametrize("example", _ids("render"))
+def test_render_examples_print_what_the_page_shows(example, tmp_path):
+    # no kubeconfig: the namespace is `default`, whatever the machine's context says
+    run_example(example, tmp_path, {**os.environ, "KUBECONFIG": str(tmp_path / "no-kubeconfig")})
+
+
+@pytest.mark.parametrize("example", _ids("cluster"))
+def test_cluster_examples_against_the_api_emulator(example, kubeconfig, tmp_path):
+    run_example(example, tmp_path, {**os.environ, "KUBECONFIG": kubeconfig})
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("example", _ids("local"))
+def test_local_examples_train(example, storage):
+    # ./runs must be a directory the storage policy keeps (a checkout under /tmp is refused)
+    run_example(example, storage, {**os.environ, "HF_HUB_OFFLINE": "1"})
+
+
+# --- the site ----------------------------------------------------------------------------------
+
+def test_mkdocs_build_strict(tmp_path):
+    """A broken link, a missing page or anchor, or a reference that no longer resolves fails."""
+    done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir",
+                           str(tmp_path / "site")], cwd=ROOT, capture_output=True, text=True,
+                          env={**os.environ, "NO_MKDOCS_2_WARNING": "1"}, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    cli = (tmp_path / "site" / "reference" / "cli" / "index.html").read_text()
+    from submitter.cli import main
+
+    for name in main.list_commands(None):  # the lazily loaded cluster commands included
+        assert f'id="submitter-{name}"' in cli, name
+    api = (tmp_path / "site" / "reference" / "api" / "index.html").read_text()
+    for name in ("submit", "watch", "status", "stop", "resume", "delete"):
+        assert f'id="submitter.api.{name}"' in api, name
+    helm = (tmp_path / "site" / "reference" / "helm-values" / "index.html").read_text()
+    assert 'id="storagePath"' in helm and 'id="gpuPerPod"' in helm
+
+
+def test_the_helm_values_reference_lists_every_key_of_the_schema():
+    import json
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import docs_hooks
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    schema = json.loads((ROOT / "charts" / "submitter" / "values.schema.json").read_text())
+    table = docs_hooks.chart_table()
+    for key in schema["properties"]:
+        assert f"`{key}`" in table, key
+    assert "| `\"2\"` |" in table  # replicas' default, read from values.yaml
+    assert "with `fsdp: true`, `gpuPerPod` minimum 1" in table
+
+
+# --- troubleshooting: one anchor per diagnosis ---------------------------------------------------
+
+def diagnoses() -> set[str]:
+    """Every reason word `status` can print as `blocked: WORD: ...` (submitter/diagnose.py): the
+    literal words, the container and disruption reasons it passes on, and the event reasons as
+    it names them."""
+    from submitter import diagnose
+
+    source = (ROOT / "submitter" / "diagnose.py").read_text()
+    words = {node.args[0].value for node in ast.walk(ast.parse(source))
+             if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "Finding"
+             and node.args and isinstance(node.args[0], ast.Constant)}
+    words |= diagnose.IMAGE_PULL | diagnose.CONFIG_ERRORS | set(diagnose.DISRUPTIONS.values())
+    for reason in diagnose.POD_EVENT_REASONS:
+        found = diagnose.pod_problem({"metadata": {"name": "p"}},
+                                     [{"type": "Warning", "reason": reason, "message": "m"}])
+        words.add(found.reason)
+    return words
+
+
+def test_every_diagnosis_status_can_print_has_its_own_anchor():
+    page = (DOCS / "troubleshooting.md").read_text()
+    anchors = set(re.findall(r"\{#([A-Za-z][\w-]*)\}", page))
+    words = diagnoses()
+    assert {"Unschedulable", "PVCNotBound", "OOMKilled", "ImagePullBackOff", "FailedToStart"} <= words
+    assert words - anchors == set()
+    # what status and watch print besides a blocking reason
+    assert {"raycluster", "progress-unavailable", "stalled"} <= anchors
