@@ -149,3 +149,10 @@ def test_flags_override_the_settings():
     s = sm.parse_args(["--mfu", "0.25", "--block", "1024", "--latency-us", "30"])
     assert (s.mfu, s.block, s.latency_us, s.vocab) == (0.25, 1024, 30.0, 50304)
     assert sm.parse_args(["--gpu-type", "T4", "--bucket-cap-mb", "25"]).gpu_type == "T4"
+
+
+def test_the_docs_page_carries_the_models_current_table():
+    """docs/gpus/multi-node.md shows the default table; after changing the model, paste the
+    table that `python benchmarks/scaling_model.py` prints."""
+    page = (ROOT / "docs" / "gpus" / "multi-node.md").read_text()
+    assert sm.format_table(sm.table(S)) in page
