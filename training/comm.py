@@ -51,8 +51,8 @@ class TiedGradient:
         if not self.ddp.require_backward_grad_sync:  # a no_sync micro-batch: keep accumulating
             return
         grad = param.grad
+        grad.div_(dist.get_world_size())  # DDP's mean, divided before the cast as its hooks do
         wire = grad.to(self.dtype) if self.dtype is not None else grad
-        wire.div_(dist.get_world_size())  # DDP's mean, divided first as its hooks do
         work = dist.all_reduce(wire, async_op=True)
         self.launches += 1
 

@@ -7,19 +7,14 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 
 import pytest
+
+from tests.support.kuberay_standin import free_port
 
 torch = pytest.importorskip("torch")
 
 VOCAB, EOT, BLOCK, MICRO, ACCUM, STEPS = 257, 256, 16, 2, 3, 2
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _worker(rank: int, world: int, port: int, out: str) -> None:
@@ -89,7 +84,7 @@ def ranks(tmp_path_factory):
     import torch.multiprocessing as mp
 
     out = tmp_path_factory.mktemp("comm")
-    mp.start_processes(_worker, args=(2, _free_port(), str(out)), nprocs=2, join=True,
+    mp.start_processes(_worker, args=(2, free_port(), str(out)), nprocs=2, join=True,
                        start_method="spawn")
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
 
