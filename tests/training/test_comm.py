@@ -118,3 +118,58 @@ def test_tied_names_finds_the_shared_weight_under_every_name():
     model = build_model(gpt2_config("tiny", VOCAB, EOT, BLOCK))
     assert tied_names(model) == ["transformer.wte.weight", "lm_head.weight"]
     assert tied_names(torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2))) == []
+
+
+def _cuda_worker(rank: int, world: int, port: int, out: str) -> None:
+    """Both ranks on one GPU (gloo carries CUDA tensors): the tied all-reduce in bf16 next to
+    DDP's `bf16_compress_hook`, against plain DDP with the same hook."""
+    import contextlib
+
+    import torch.distributed as dist
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    from torch.nn.parallel import DistributedDataParallel
+
+    from training.comm import pod_network_ddp
+    from training.model import build_model, gpt2_config
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world)
+    device, hook = torch.device("cuda", 0), "bf16_compress_hook"
+    config = gpt2_config("tiny", VOCAB, EOT, 64)
+    torch.manual_seed(1)
+    reference = DistributedDataParallel(build_model(config).to(device))
+    torch.manual_seed(1 + rank)
+    model = pod_network_ddp(build_model(config).to(device), hook, wrap=DistributedDataParallel)
+    for net in (reference, model):
+        net.register_comm_hook(None, getattr(default_hooks, hook))
+    generator, max_diff = torch.Generator().manual_seed(rank), 0.0
+    for _ in range(STEPS):
+        for k in range(ACCUM):
+            x = torch.randint(0, VOCAB, (MICRO, 64), generator=generator).to(device)
+            for net in (model, reference):
+                with net.no_sync() if k < ACCUM - 1 else contextlib.nullcontext():
+                    with torch.autocast("cuda", torch.bfloat16):
+                        loss = net(input_ids=x, labels=x).loss / ACCUM
+                    loss.backward()
+        ours = dict(model.module.named_parameters())
+        for name, p in reference.module.named_parameters():
+            max_diff = max(max_diff, float((ours[name].grad - p.grad).abs().max()))
+        for net in (model, reference):
+            net.zero_grad(set_to_none=True)
+    with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
+        json.dump({"max_diff": max_diff, "launches": model.tied_gradient.launches,
+                   "dtype": str(model.tied_gradient.dtype)}, f)
+    dist.destroy_process_group()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (bf16 on CUDA tensors)")
+def test_on_cuda_the_tied_gradient_travels_in_bf16_and_equals_plain_ddps(tmp_path):
+    import torch.multiprocessing as mp
+
+    mp.start_processes(_cuda_worker, args=(2, free_port(), str(tmp_path)), nprocs=2, join=True,
+                       start_method="spawn")
+    for r in range(2):
+        rank = json.loads((tmp_path / f"rank{r}.json").read_text())
+        assert rank["launches"] == STEPS and rank["dtype"] == "torch.bfloat16"
+        assert rank["max_diff"] == 0.0  # two ranks: a + b in either layout, rounded as DDP rounds
