@@ -13,8 +13,8 @@ all-reduce) every `progress_every` steps. Batches arrive as NumPy from Ray Data 
 the batches a resume skips never leave the host. Every epoch's data order is shuffled by a
 seeded local shuffle (seed, epoch, rank), the same on every (re)start, so a resume that skips
 k batches sees exactly the batches the interrupted run would have seen next.
-`tokens_per_sec` is over wall time, data waits included; `data_wait_fraction` says which part
-of that time the step loop waited for data.
+`tokens_per_sec` is over wall time, data waits included; `data_wait_fraction` is each step's
+wait for data over that step's time, summed over the window's steps (training.input_path).
 Checkpoints: at every epoch end, every `checkpoint_every` steps, and every `checkpoint_minutes`
 of wall time (30 on GPUs: what a hard fault loses at most), decided at a progress window from
 an all-reduced flag so every rank saves at the same step. Saving pauses training only for the
