@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from submitter.contract import naming
+from submitter.contract import naming, pod_network
 from submitter.contract.spec import (RAY_VERSION, JobSpec, parse_secret_ref, parse_selector,
                                      parse_toleration)
 from submitter.contract.storage import StorageDecision, check_job_storage, check_pod_file
@@ -90,18 +90,27 @@ def lifecycle(spec: JobSpec) -> dict[str, Any]:
                                              str(wait)]}}}
 
 
+def _env(spec: JobSpec, progress: str, plain: dict[str, str]) -> list[dict[str, Any]]:
+    """A Ray container's env: the pod's own variables, `plain` (sorted), the secret ones."""
+    env = [{"name": "PYTHONUNBUFFERED", "value": "1"},
+           {"name": naming.ENV_PROGRESS_CONFIGMAP, "value": progress},
+           {"name": naming.ENV_NAMESPACE, "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}}]
+    env += [{"name": k, "value": v} for k, v in sorted(plain.items())]
+    for key, ref in sorted(spec.secret_env.items()):
+        secret, secret_key = parse_secret_ref(ref)
+        env.append({"name": key, "valueFrom": {"secretKeyRef": {"name": secret, "key": secret_key}}})
+    return env
+
+
 def context(spec: JobSpec) -> dict[str, Any]:
     """The template variables: the spec plus everything derived from it."""
     decision = storage_decision(spec)
     n = naming.object_names(spec.name, spec.existing_pvc)
     on_pvc = decision.kind == "shared-mount"
-    env = [{"name": "PYTHONUNBUFFERED", "value": "1"},
-           {"name": naming.ENV_PROGRESS_CONFIGMAP, "value": n["progress"]},
-           {"name": naming.ENV_NAMESPACE, "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}}]
-    env += [{"name": k, "value": v} for k, v in sorted(spec.env.items())]
-    for key, ref in sorted(spec.secret_env.items()):
-        secret, secret_key = parse_secret_ref(ref)
-        env.append({"name": key, "valueFrom": {"secretKeyRef": {"name": secret, "key": secret_key}}})
+    env = _env(spec, n["progress"], spec.env)
+    # GPU workers: NCCL's socket transport tuned for pod networks (submitter.contract.pod_network)
+    worker_env = _env(spec, n["progress"], pod_network.worker_env(spec.gpu_per_pod, spec.env,
+                                                                  spec.secret_env))
     labels = {**spec.label, **naming.labels(spec.name)}
     service_account = spec.service_account or n["progress"]
     return {
@@ -140,6 +149,7 @@ def context(spec: JobSpec) -> dict[str, Any]:
         "entrypoint": ENTRYPOINT,
         "lifecycle": lifecycle(spec),
         "env": env,
+        "worker_env": worker_env,
         # the driver runs on the head: only its container carries the job document
         "head_env": env + [{"name": naming.ENV_JOB, "value": spec.document()}],
     }

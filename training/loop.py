@@ -13,8 +13,8 @@ all-reduce) every `progress_every` steps. Batches arrive as NumPy from Ray Data 
 the batches a resume skips never leave the host. Every epoch's data order is shuffled by a
 seeded local shuffle (seed, epoch, rank), the same on every (re)start, so a resume that skips
 k batches sees exactly the batches the interrupted run would have seen next.
-`tokens_per_sec` is over wall time, data waits included; `data_wait_fraction` says which part
-of that time the step loop waited for data.
+`tokens_per_sec` is over wall time, data waits included; `data_wait_fraction` is each step's
+wait for data over that step's time, summed over the window's steps (training.input_path).
 Checkpoints: at every epoch end, every `checkpoint_every` steps, and every `checkpoint_minutes`
 of wall time (30 on GPUs: what a hard fault loses at most), decided at a progress window from
 an all-reduced flag so every rank saves at the same step. Saving pauses training only for the
@@ -34,6 +34,7 @@ from typing import Any, Iterator, Optional
 
 from training.checkpoint_io import interval_due, load_state, save_state, snapshot
 from training.config import TrainConfig
+from training.input_path import InputPath, WaitShare
 from training.object_store import as_uri
 from training.preempt import StepGate, leave, preemption_metrics
 
@@ -273,8 +274,8 @@ def train_func(loop_config: dict[str, Any]) -> None:
                          checkpoint_upload_fn=upload, delete_local_checkpoint_after_upload=True)
         last_save = time.perf_counter()
 
-    def to_device(batch: dict[str, Any]) -> Any:
-        return torch.from_numpy(batch["input_ids"]).to(device, non_blocking=True)
+    feed = InputPath(device)  # pinned, side-stream copies one micro-batch ahead (CUDA)
+    to_device = feed.to_device
 
     def evaluate() -> Optional[float]:
         """Mean loss over (up to val_steps) validation batches of every worker."""
@@ -339,9 +340,9 @@ def train_func(loop_config: dict[str, Any]) -> None:
     for epoch in range(start_epoch, cfg.epochs):
         done_in_epoch = skip if epoch == start_epoch else 0
         epoch_loss = torch.zeros((), device=device, dtype=torch.float64)
-        epoch_steps, epoch_start, epoch_wait = 0, time.perf_counter(), 0.0
+        epoch_steps, epoch_start, epoch_wait = 0, time.perf_counter(), WaitShare()
         window_loss = torch.zeros((), device=device, dtype=torch.float64)
-        window_steps, window_start, window_wait = 0, time.perf_counter(), 0.0
+        window_steps, window_start, window_wait = 0, time.perf_counter(), WaitShare()
         batches = first_batches if epoch == start_epoch else epoch_batches(epoch)
         for _ in range(done_in_epoch * accum):  # covered by the checkpoint we resumed from:
             if next(batches, None) is None:      # read on the host, never copied to the device
@@ -351,7 +352,7 @@ def train_func(loop_config: dict[str, Any]) -> None:
                 steps_per_epoch *= 2
                 plan = plan.replan(step, planned_total(steps_per_epoch, cfg.epochs))
             t_wait = time.perf_counter()
-            micro = [b for b in (next(batches, None) for _ in range(accum)) if b is not None]
+            micro = feed.take(batches, accum)  # host arrays; the first copy starts
             waited = time.perf_counter() - t_wait
             if len(micro) < accum:
                 break  # the epoch's data ran out (a partial accumulation is dropped)
@@ -364,14 +365,15 @@ def train_func(loop_config: dict[str, Any]) -> None:
             epoch_loss += step_loss
             window_loss += step_loss
             epoch_steps, window_steps = epoch_steps + 1, window_steps + 1
-            epoch_wait, window_wait = epoch_wait + waited, window_wait + waited
+            epoch_wait.add(waited, time.perf_counter() - t_wait)  # this step's wait / its time
+            window_wait.add(waited, time.perf_counter() - t_wait)
 
             if step % cfg.progress_every == 0 or first_step:
                 loss_sum = window_loss.item()  # the one host sync per window
                 elapsed = time.perf_counter() - window_start
                 # the interval flag rides on the same all-reduce: every rank sees one decision
                 mean_loss, wait_fraction, due = _all_mean(
-                    [loss_sum / window_steps, window_wait / elapsed if elapsed else 0.0,
+                    [loss_sum / window_steps, window_wait.fraction(),
                      float(interval_due(time.perf_counter() - last_save,
                                         cfg.checkpoint_minutes))], device)
                 timed_due = due > 0
@@ -383,7 +385,7 @@ def train_func(loop_config: dict[str, Any]) -> None:
                             data_wait_fraction=round(wait_fraction, 4), lr=last_lr,
                             grad_norm=_norm_value(grad_norm), **how)
                 window_loss.zero_()
-                window_steps, window_start, window_wait = 0, time.perf_counter(), 0.0
+                window_steps, window_start, window_wait = 0, time.perf_counter(), WaitShare()
                 first_step = False
             last_of_epoch = bool(cap) and done_in_epoch >= cap
             interval_save = (bool(cfg.checkpoint_every) and step % cfg.checkpoint_every == 0
@@ -413,7 +415,7 @@ def train_func(loop_config: dict[str, Any]) -> None:
         train_loss, tok_s, wait_fraction = _all_mean(
             [epoch_loss.item() / max(1, epoch_steps),
              tokens_per_step * epoch_steps / epoch_time if epoch_time else 0.0,
-             epoch_wait / epoch_time if epoch_time else 0.0], device)
+             epoch_wait.fraction()], device)
         metrics = {"epoch": epoch + 1, "step": step, "train_loss": train_loss,
                    "val_loss": val_loss, "tokens_per_sec": tok_s, "lr": last_lr}
         events.emit("epoch_finished", epoch=epoch + 1, epochs=cfg.epochs, step=step,

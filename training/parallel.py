@@ -93,11 +93,11 @@ def wrap_model(model: Any, *, fsdp: bool, precision: Precision, world: int, devi
         facts["parallel"] = "fsdp2"
         return shard_fsdp(model, precision), facts
     if world > 1:
-        model = ray.train.torch.prepare_model(
-            model, parallel_strategy="ddp",
-            parallel_strategy_kwargs={"gradient_as_bucket_view": True})
         bf16 = device_type == "cuda" and bf16_native(device)
         hook = comm_hook_name("ddp", device_type, world, bf16, precision.name)
+        from training.comm import pod_network_ddp  # bucket size, the tied gradient
+
+        model = pod_network_ddp(model, hook)
         if hook:
             from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 

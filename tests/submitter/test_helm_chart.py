@@ -128,6 +128,11 @@ PARITY = {
     "network-policy-settings": dict(name="np", operator_selector="app=op,example.com/tier=ctl",
                                     metrics_selector="", dashboard_cidr=["172.16.0.0/28", "0.0.0.0/0"]),
     "metrics-selector": dict(name="np2", metrics_selector="app.kubernetes.io/name=vmagent,x=y"),
+    # GPU workers' NCCL socket settings (submitter.contract.pod_network), overridden by the user
+    "nccl-env-override": dict(name="nccl", gpu_per_pod=1, env={"NCCL_SOCKET_NTHREADS": "8",
+                                                               "A": "1", "Z": "2"}),
+    "nccl-secret-override": dict(name="nccl2", gpu_per_pod=2,
+                                 secret_env={"NCCL_NSOCKS_PERTHREAD": "nccl:socks"}),
 }
 
 

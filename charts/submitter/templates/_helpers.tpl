@@ -175,17 +175,41 @@ volume. (Whether a path is durable is the pod's check, with the reason and the f
 
 {{/* submitter.env (render.context "env"): the Ray containers' environment, as JSON. */}}
 {{- define "submitter.env" -}}
+{{- include "submitter.envWith" (list . (.Values.env | default dict)) -}}
+{{- end -}}
+
+{{/* GPU workers: NCCL's socket transport tuned for pod networks, unless env/secretEnv sets it
+     (submitter/contract/pod_network.py holds the same values). */}}
+{{- define "submitter.workerEnv" -}}
+{{- $plain := deepCopy (.Values.env | default dict) -}}
+{{- $secret := .Values.secretEnv | default dict -}}
+{{- if gt (int64 .Values.gpuPerPod) 0 -}}
+{{- range $key, $value := dict "NCCL_NSOCKS_PERTHREAD" "4" "NCCL_SOCKET_NTHREADS" "4" -}}
+{{- if not (or (hasKey $plain $key) (hasKey $secret $key)) -}}
+{{- $_ := set $plain $key $value -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- include "submitter.envWith" (list . $plain) -}}
+{{- end -}}
+
+{{/* A Ray container's env: the pod's own variables, the given plain ones (sorted), the secret ones. */}}
+{{- define "submitter.envWith" -}}
+{{- $root := index . 0 -}}
+{{- $plain := index . 1 -}}
+{{- with $root -}}
 {{- $env := list (dict "name" "PYTHONUNBUFFERED" "value" "1")
                  (dict "name" "SUBMITTER_PROGRESS_CONFIGMAP" "value" (include "submitter.progressName" .))
                  (dict "name" "SUBMITTER_NAMESPACE" "valueFrom" (dict "fieldRef" (dict "fieldPath" "metadata.namespace"))) -}}
-{{- range $key := keys (.Values.env | default dict) | sortAlpha -}}
-{{- $env = append $env (dict "name" $key "value" (get $.Values.env $key)) -}}
+{{- range $key := keys $plain | sortAlpha -}}
+{{- $env = append $env (dict "name" $key "value" (get $plain $key)) -}}
 {{- end -}}
 {{- range $key := keys (.Values.secretEnv | default dict) | sortAlpha -}}
-{{- $ref := splitn ":" 2 (get $.Values.secretEnv $key) -}}
+{{- $ref := splitn ":" 2 (get $root.Values.secretEnv $key) -}}
 {{- $env = append $env (dict "name" $key "valueFrom" (dict "secretKeyRef" (dict "name" $ref._0 "key" $ref._1))) -}}
 {{- end -}}
 {{- toJson $env -}}
+{{- end -}}
 {{- end -}}
 
 {{/* The checkpoint PVC on every Ray pod (unless an object store), and /dev/shm in memory. */}}
