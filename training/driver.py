@@ -217,6 +217,7 @@ def run(cfg: TrainConfig, *, on_event: OnEvent, notice: Notice = print,
 
 def _run_claimed(cfg: TrainConfig, claim: Claim, on_event: OnEvent, notice: Notice,
                  poll_seconds: float) -> RunOutcome:
+    from submitter.contract.shutdown import exit_chain
     from training.preempt import DriverPreemption
 
     ensure_ray(cfg)
@@ -224,7 +225,9 @@ def _run_claimed(cfg: TrainConfig, claim: Claim, on_event: OnEvent, notice: Noti
 
     hub = _start_hub(cfg)
     poller = _Poller(hub, on_event, poll_seconds, notice)
-    preemption = DriverPreemption(hub)
+    # every wait on the way out, from the job's grace period (submitter.contract.shutdown)
+    chain = exit_chain(cfg.termination_grace_period)
+    preemption = DriverPreemption(hub, chain.driver_wait_s)
     try:
         trainer, facts = _prepare(cfg, hub, notice, claim)
         ray.get(hub.emit.remote("run_started", run_name=cfg.run_name, num_workers=cfg.num_workers,
@@ -243,44 +246,49 @@ def _run_claimed(cfg: TrainConfig, claim: Claim, on_event: OnEvent, notice: Noti
         ok, error = True, None
     except Exception as e:  # noqa: BLE001 - training failures become run_failed
         if preemption.fired:
-            _preempted(hub, preemption)
+            _preempted(hub, preemption, poller, chain.tracker_close_s)
         error = _one_line(e)
         ray.get(hub.emit.remote("run_failed", error=error))
         ok = False
     except KeyboardInterrupt:
         if preemption.fired:  # SIGTERM: the checkpoint is registered, a retry resumes from it
-            _preempted(hub, preemption)
+            _preempted(hub, preemption, poller, chain.tracker_close_s)
         ray.get(hub.emit.remote("run_failed", error="interrupted (Ctrl-C); resubmit with the "
                                 "same storage path and name to continue"))
         raise
     finally:
         preemption.uninstall()
-        poller.stop()
-        try:
+        if preemption.fired:  # on the way out (Preempted): nothing more to wait for
+            state, session = ev.ProgressState(), []
+        else:
+            poller.stop()
             state = ev.ProgressState.from_dict(ray.get(hub.snapshot.remote()))
             session = ray.get(hub.since.remote(0))
-        except Exception:  # noqa: BLE001 - only on a preemption (below): the node drains
-            if not preemption.fired:
-                raise
-            state, session = ev.ProgressState(), []
         ray.kill(hub)
     return RunOutcome(ok, state, session, run_dir_of(cfg), error)
 
 
-def _preempted(hub: Any, preemption: Any) -> None:
+def _preempted(hub: Any, preemption: Any, poller: Any, tracker_close_s: float) -> None:
     """The driver's SIGTERM ended fit(): run_failed with reason preemption, then Preempted
-    (exit 143: retryable)."""
+    (exit 143: retryable). The emitter actor writes the event to events.jsonl and the ConfigMap
+    first, then closes the trackers: the driver waits for that at most `tracker_close_s`
+    (ExitChain), so a slow tracker never holds exit 143 (its last points are sent again by
+    the next attempt: trackers resume from the events)."""
     import ray
 
     from training.preempt import Preempted
 
     error = preemption.message()
+    poller.stop(timeout=min(1.0, tracker_close_s))  # the events so far, to the log
     try:
-        ray.get(hub.emit.remote("run_failed", error=error, reason="preemption"), timeout=30)
+        ray.get(hub.emit.remote("run_failed", error=error, reason="preemption"),
+                timeout=max(tracker_close_s, 0.001))
     except Exception:  # noqa: BLE001
-        # The emitter actor is pinned (hard affinity) to the driver's node, which is the one
-        # being drained: lost or unschedulable, it must not turn a preemption into exit 1.
+        # A tracker still closing, or the emitter actor lost: it is pinned (hard affinity) to
+        # the driver's node, which is the one being drained. Neither turns a preemption into
+        # exit 1, nor holds it.
         pass
+    poller.stop(timeout=0.5)  # run_failed too, when it is there
     raise Preempted(error) from None
 
 
@@ -436,18 +444,18 @@ class _Poller:
     def start(self) -> None:
         self._thread.start()
 
-    def _drain(self) -> None:
+    def _drain(self, timeout: Optional[float] = None) -> None:
         import ray
 
-        for event in ray.get(self.hub.since.remote(self.seen)):
+        for event in ray.get(self.hub.since.remote(self.seen), timeout=timeout):
             self.seen = max(self.seen, event["seq"])
             self.on_event(event)
-        self.tell_problems()
+        self.tell_problems(timeout)
 
-    def tell_problems(self) -> None:
+    def tell_problems(self, timeout: Optional[float] = None) -> None:
         import ray
 
-        for line in ray.get(self.hub.problems.remote()):
+        for line in ray.get(self.hub.problems.remote(), timeout=timeout):
             if line not in self.told:
                 self.told.add(line)
                 self.notice(line)
@@ -459,11 +467,13 @@ class _Poller:
             except Exception:  # noqa: BLE001 - display only
                 pass
 
-    def stop(self) -> None:
+    def stop(self, timeout: Optional[float] = None) -> None:
+        """Stop polling and show what is left; `timeout`: on the way out of a preemption the
+        actor may be busy closing the trackers, and the exit does not wait for it."""
         self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout=5)
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout=5 if timeout is None else timeout)
         try:
-            self._drain()
+            self._drain(timeout)
         except Exception:  # noqa: BLE001
             pass
