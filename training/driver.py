@@ -240,6 +240,9 @@ def _run_claimed(cfg: TrainConfig, claim: Claim, on_event: OnEvent, notice: Noti
         if preemption.fired:  # Ray Train's Ctrl-C handler aborted fit() for us
             raise KeyboardInterrupt
         final = _final_fields(cfg, result)
+        if final.get("step") == 0:  # the plan's size check is an estimate: this one is not
+            raise RuntimeError("no optimizer step ran: the training data is shorter than one "
+                               "step; add data or lower --global-batch-size (nothing exported)")
         _wait_for_checkpoint_event(hub, final.get("latest_checkpoint"))
         final.update(_export_at_end(cfg, result, claim, notice))
         ray.get(hub.emit.remote("run_finished", **final))
