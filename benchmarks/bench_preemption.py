@@ -45,25 +45,20 @@ def events(path: Path) -> list[dict]:
     return out
 
 
-def descendants(pid: int) -> list[int]:
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        for task in Path(f"/proc/{p}/task").glob("*"):
-            try:
-                kids = [int(c) for c in (task / "children").read_text().split()]
-            except OSError:
-                kids = []
-            out += kids
-            todo += kids
+def train_workers(session: int) -> list[int]:
+    """Ray Train workers in the driver's session (the bench starts the driver in a new one)."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            title = (entry / "cmdline").read_bytes()
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if title.startswith(b"ray::RayTrainWorker") and int(fields[3]) == session:
+            out.append(int(entry.name))
     return out
-
-
-def is_train_worker(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"ray::RayTrainWorker")
-    except OSError:
-        return False
 
 
 def main() -> int:
@@ -100,7 +95,7 @@ def main() -> int:
                             and e["step"] >= args.after_step]
                 if progress:
                     last = progress[-1]
-                    targets = [proc.pid] + [q for q in descendants(proc.pid) if is_train_worker(q)]
+                    targets = [proc.pid, *train_workers(proc.pid)]
                     for pid in targets:
                         os.kill(pid, signal.SIGTERM)
                     signalled_at = time.monotonic()
