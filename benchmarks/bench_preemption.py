@@ -28,7 +28,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-DATA = Path(os.environ.get("SUBMITTER_SHARED", ROOT.parent.parent / "shared"))
+#: ../shared beside the checkout (tests/conftest.py), or beside the worktrees' folder
+DATA = next((p for p in (ROOT.parent / "shared", ROOT.parent.parent / "shared") if p.is_dir()),
+            ROOT.parent / "shared")
 
 
 def events(path: Path) -> list[dict]:
