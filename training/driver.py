@@ -16,6 +16,7 @@ from typing import Any, Callable, Optional
 
 from submitter.contract import events as ev
 from submitter.contract import naming
+from submitter.contract.shutdown import ExitChain, exit_chain
 from submitter.contract.spec import JobSpec
 from submitter.contract.stack import require_training_stack as _require
 from training.config import TrainConfig
@@ -217,7 +218,6 @@ def run(cfg: TrainConfig, *, on_event: OnEvent, notice: Notice = print,
 
 def _run_claimed(cfg: TrainConfig, claim: Claim, on_event: OnEvent, notice: Notice,
                  poll_seconds: float) -> RunOutcome:
-    from submitter.contract.shutdown import exit_chain
     from training.preempt import DriverPreemption
 
     ensure_ray(cfg)
@@ -249,13 +249,13 @@ def _run_claimed(cfg: TrainConfig, claim: Claim, on_event: OnEvent, notice: Noti
         ok, error = True, None
     except Exception as e:  # noqa: BLE001 - training failures become run_failed
         if preemption.fired:
-            _preempted(hub, preemption, poller, chain.tracker_close_s)
+            _preempted(hub, preemption, poller, chain)
         error = _one_line(e)
         ray.get(hub.emit.remote("run_failed", error=error))
         ok = False
     except KeyboardInterrupt:
         if preemption.fired:  # SIGTERM: the checkpoint is registered, a retry resumes from it
-            _preempted(hub, preemption, poller, chain.tracker_close_s)
+            _preempted(hub, preemption, poller, chain)
         ray.get(hub.emit.remote("run_failed", error="interrupted (Ctrl-C); resubmit with the "
                                 "same storage path and name to continue"))
         raise
@@ -271,27 +271,29 @@ def _run_claimed(cfg: TrainConfig, claim: Claim, on_event: OnEvent, notice: Noti
     return RunOutcome(ok, state, session, run_dir_of(cfg), error)
 
 
-def _preempted(hub: Any, preemption: Any, poller: Any, tracker_close_s: float) -> None:
+def _preempted(hub: Any, preemption: Any, poller: Any, chain: ExitChain) -> None:
     """The driver's SIGTERM ended fit(): run_failed with reason preemption, then Preempted
     (exit 143: retryable). The emitter actor writes the event to events.jsonl and the ConfigMap
-    first, then closes the trackers: the driver waits for that at most `tracker_close_s`
-    (ExitChain), so a slow tracker never holds exit 143 (its last points are sent again by
+    first, then closes the trackers: the driver waits for that at most the chain's
+    `tracker_close_s`, and all of its exit takes at most `driver_exit_s`, so a slow tracker never holds exit 143 (its last points are sent again by
     the next attempt: trackers resume from the events)."""
     import ray
 
     from training.preempt import Preempted
 
     error = preemption.message()
-    poller.stop(timeout=min(1.0, tracker_close_s))  # the events so far, to the log
+    # the poller's 3 waits (join, events, problems), twice, share what the trackers leave
+    poll = max(chain.driver_exit_s - chain.tracker_close_s, 0.0) / 6
+    poller.stop(timeout=poll)  # the events so far, to the log
     try:
         ray.get(hub.emit.remote("run_failed", error=error, reason="preemption"),
-                timeout=max(tracker_close_s, 0.001))
+                timeout=max(chain.tracker_close_s, 0.001))
     except Exception:  # noqa: BLE001
         # A tracker still closing, or the emitter actor lost: it is pinned (hard affinity) to
         # the driver's node, which is the one being drained. Neither turns a preemption into
         # exit 1, nor holds it.
         pass
-    poller.stop(timeout=0.5)  # run_failed too, when it is there
+    poller.stop(timeout=poll)  # run_failed too, when it is there
     raise Preempted(error) from None
 
 
@@ -474,7 +476,7 @@ class _Poller:
         """Stop polling and show what is left; `timeout`: on the way out of a preemption the
         actor may be busy closing the trackers, and the exit does not wait for it."""
         self._stop.set()
-        if self._thread.is_alive() and self._thread is not threading.current_thread():
+        if self._thread.is_alive():
             self._thread.join(timeout=5 if timeout is None else timeout)
         try:
             self._drain(timeout)

@@ -166,6 +166,7 @@ def test_a_lost_emitter_on_a_draining_head_still_exits_preempted(monkeypatch):
     preemption (exit 143, retried from the checkpoint) into a failure (exit 1)."""
     import ray
 
+    from submitter.contract.shutdown import exit_chain
     from training.driver import _preempted
 
     class Hub:
@@ -181,7 +182,7 @@ def test_a_lost_emitter_on_a_draining_head_still_exits_preempted(monkeypatch):
     preemption = preempt.DriverPreemption(Hub(), wait_s=95)
     preemption.step = 12
     with pytest.raises(preempt.Preempted, match="checkpoint at step 12"):
-        _preempted(Hub(), preemption, _NoPoller(), tracker_close_s=10)
+        _preempted(Hub(), preemption, _NoPoller(), exit_chain(120))
 
 
 class _NoPoller:
@@ -279,7 +280,6 @@ def test_exit_143_is_never_held_up_by_a_tracker(monkeypatch):
     from submitter.contract.shutdown import exit_chain
     from training.driver import _Poller, _preempted
 
-    chain = exit_chain(120)
     timeouts = []
 
     def busy_actor(ref, timeout=None):
@@ -291,12 +291,16 @@ def test_exit_143_is_never_held_up_by_a_tracker(monkeypatch):
             return _Remote(lambda *a, **k: name)
 
     monkeypatch.setattr(ray, "get", busy_actor)
-    preemption = preempt.DriverPreemption(Hub(), wait_s=chain.driver_wait_s)
-    poller = _Poller(Hub(), on_event=lambda e: None, every=0.5)
-    with pytest.raises(preempt.Preempted):
-        _preempted(Hub(), preemption, poller, chain.tracker_close_s)
-    assert timeouts and None not in timeouts
-    assert sum(timeouts) <= chain.driver_exit_s
+    for grace in (11, 30, 120, 3600):
+        chain = exit_chain(grace)
+        timeouts.clear()
+        preemption = preempt.DriverPreemption(Hub(), wait_s=chain.driver_wait_s)
+        poller = _Poller(Hub(), on_event=lambda e: None, every=0.5)
+        with pytest.raises(preempt.Preempted):
+            _preempted(Hub(), preemption, poller, chain)
+        assert timeouts and None not in timeouts
+        assert sum(timeouts) <= chain.driver_exit_s, (grace, timeouts)
+        assert max(timeouts) <= max(chain.tracker_close_s, 0.001)
 
 
 # --- one upload in flight -------------------------------------------------------------------------
