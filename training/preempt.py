@@ -104,8 +104,8 @@ class StepGate:
     """The loop's view: `begin()` before a step, `stop()` after it. In a distributed group the
     flag is max-reduced asynchronously during the step, on a gloo group of its own (host memory:
     no GPU sync, and never queued behind the gradients' all-reduce), so every rank stops at the
-    same step boundary: the first one that starts after the signal. No rank waits for a
-    collective of its own: by the step's end the one-float reduce has long finished."""
+    same step boundary: the end of the first step that starts after the signal. No rank waits
+    for a collective of its own: by the step's end the one-float reduce has long finished."""
 
     def __init__(self, hub: Any = None, poll_s: float = 1.0) -> None:
         import torch.distributed as dist
