@@ -17,6 +17,7 @@ import yaml
 from submitter.contract import naming, pod_network
 from submitter.contract.spec import (RAY_VERSION, JobSpec, parse_secret_ref, parse_selector,
                                      parse_toleration)
+from submitter.contract.shutdown import RAY_STOP_MARGIN_S, exit_chain
 from submitter.contract.storage import StorageDecision, check_job_storage, check_pod_file
 from submitter.plan import Plan
 
@@ -77,17 +78,17 @@ def pod_settings(spec: JobSpec, service_account: str, role: str) -> dict[str, An
 
 
 #: Seconds of the grace period left to `ray start`'s own shutdown after the preStop hook.
-PRESTOP_MARGIN = 10
+PRESTOP_MARGIN = RAY_STOP_MARGIN_S
 
 
 def lifecycle(spec: JobSpec) -> dict[str, Any]:
     """The Ray containers' preStop hook (training/prestop.py): kubelet runs it before its SIGTERM,
     which KubeRay's PID 1 (bash) would never pass on; it SIGTERMs the pod's driver and Ray Train
     workers (a preemption checkpoint, then exit 143 for the RayJob's retry) and waits for them,
-    within the grace period."""
-    wait = max(spec.termination_grace_period - PRESTOP_MARGIN, 0)
+    within the grace period (its wait: submitter.contract.shutdown, the whole chain of waits)."""
+    wait = exit_chain(spec.termination_grace_period).prestop_s
     return {"preStop": {"exec": {"command": ["python", "-m", "training.prestop", "--timeout",
-                                             str(wait)]}}}
+                                             f"{wait:g}"]}}}
 
 
 def _env(spec: JobSpec, progress: str, plain: dict[str, str]) -> list[dict[str, Any]]:

@@ -16,6 +16,7 @@ from typing import Any, Callable, Optional
 
 from submitter.contract import events as ev
 from submitter.contract import naming
+from submitter.contract.shutdown import ExitChain, exit_chain
 from submitter.contract.spec import JobSpec
 from submitter.contract.stack import require_training_stack as _require
 from training.config import TrainConfig
@@ -226,7 +227,9 @@ def _run_claimed(cfg: TrainConfig, claim: Claim, on_event: OnEvent, notice: Noti
 
     hub = _start_hub(cfg)
     poller = _Poller(hub, on_event, poll_seconds, notice)
-    preemption = DriverPreemption(hub)
+    # every wait on the way out, from the job's grace period (submitter.contract.shutdown)
+    chain = exit_chain(cfg.termination_grace_period)
+    preemption = DriverPreemption(hub, chain.driver_wait_s)
     try:
         trainer, facts = _prepare(cfg, hub, notice, claim)
         ray.get(hub.emit.remote("run_started", run_name=cfg.run_name, num_workers=cfg.num_workers,
@@ -239,50 +242,60 @@ def _run_claimed(cfg: TrainConfig, claim: Claim, on_event: OnEvent, notice: Noti
         if preemption.fired:  # Ray Train's Ctrl-C handler aborted fit() for us
             raise KeyboardInterrupt
         final = _final_fields(cfg, result)
+        if final.get("step") == 0:  # the plan's size check is an estimate: this one is not
+            raise RuntimeError("no optimizer step ran: the training data is shorter than one "
+                               "step; add data or lower --global-batch-size (nothing exported)")
         _wait_for_checkpoint_event(hub, final.get("latest_checkpoint"))
         final.update(_export_at_end(cfg, result, claim, notice))
         ray.get(hub.emit.remote("run_finished", **final))
         ok, error = True, None
     except Exception as e:  # noqa: BLE001 - training failures become run_failed
         if preemption.fired:
-            _preempted(hub, preemption)
+            _preempted(hub, preemption, poller, chain)
         error = _one_line(e)
         ray.get(hub.emit.remote("run_failed", error=error))
         ok = False
     except KeyboardInterrupt:
         if preemption.fired:  # SIGTERM: the checkpoint is registered, a retry resumes from it
-            _preempted(hub, preemption)
+            _preempted(hub, preemption, poller, chain)
         ray.get(hub.emit.remote("run_failed", error="interrupted (Ctrl-C); resubmit with the "
                                 "same storage path and name to continue"))
         raise
     finally:
         preemption.uninstall()
-        poller.stop()
-        try:
+        if preemption.fired:  # on the way out (Preempted): nothing more to wait for
+            state, session = ev.ProgressState(), []
+        else:
+            poller.stop()
             state = ev.ProgressState.from_dict(ray.get(hub.snapshot.remote()))
             session = ray.get(hub.since.remote(0))
-        except Exception:  # noqa: BLE001 - only on a preemption (below): the node drains
-            if not preemption.fired:
-                raise
-            state, session = ev.ProgressState(), []
         ray.kill(hub)
     return RunOutcome(ok, state, session, run_dir_of(cfg), error)
 
 
-def _preempted(hub: Any, preemption: Any) -> None:
+def _preempted(hub: Any, preemption: Any, poller: Any, chain: ExitChain) -> None:
     """The driver's SIGTERM ended fit(): run_failed with reason preemption, then Preempted
-    (exit 143: retryable)."""
+    (exit 143: retryable). The emitter actor writes the event to events.jsonl and the ConfigMap
+    first, then closes the trackers: the driver waits for that at most the chain's
+    `tracker_close_s`, and all of its exit takes at most `driver_exit_s`, so a slow tracker never holds exit 143 (its last points are sent again by
+    the next attempt: trackers resume from the events)."""
     import ray
 
     from training.preempt import Preempted
 
     error = preemption.message()
+    # the poller's 3 waits (join, events, problems), twice, share what the trackers leave
+    poll = max(chain.driver_exit_s - chain.tracker_close_s, 0.0) / 6
+    poller.stop(timeout=poll)  # the events so far, to the log
     try:
-        ray.get(hub.emit.remote("run_failed", error=error, reason="preemption"), timeout=30)
+        ray.get(hub.emit.remote("run_failed", error=error, reason="preemption"),
+                timeout=max(chain.tracker_close_s, 0.001))
     except Exception:  # noqa: BLE001
-        # The emitter actor is pinned (hard affinity) to the driver's node, which is the one
-        # being drained: lost or unschedulable, it must not turn a preemption into exit 1.
+        # A tracker still closing, or the emitter actor lost: it is pinned (hard affinity) to
+        # the driver's node, which is the one being drained. Neither turns a preemption into
+        # exit 1, nor holds it.
         pass
+    poller.stop(timeout=poll)  # run_failed too, when it is there
     raise Preempted(error) from None
 
 
@@ -441,18 +454,18 @@ class _Poller:
     def start(self) -> None:
         self._thread.start()
 
-    def _drain(self) -> None:
+    def _drain(self, timeout: Optional[float] = None) -> None:
         import ray
 
-        for event in ray.get(self.hub.since.remote(self.seen)):
+        for event in ray.get(self.hub.since.remote(self.seen), timeout=timeout):
             self.seen = max(self.seen, event["seq"])
             self.on_event(event)
-        self.tell_problems()
+        self.tell_problems(timeout)
 
-    def tell_problems(self) -> None:
+    def tell_problems(self, timeout: Optional[float] = None) -> None:
         import ray
 
-        for line in ray.get(self.hub.problems.remote()):
+        for line in ray.get(self.hub.problems.remote(), timeout=timeout):
             if line not in self.told:
                 self.told.add(line)
                 self.notice(line)
@@ -464,11 +477,13 @@ class _Poller:
             except Exception:  # noqa: BLE001 - display only
                 pass
 
-    def stop(self) -> None:
+    def stop(self, timeout: Optional[float] = None) -> None:
+        """Stop polling and show what is left; `timeout`: on the way out of a preemption the
+        actor may be busy closing the trackers, and the exit does not wait for it."""
         self._stop.set()
         if self._thread.is_alive():
-            self._thread.join(timeout=5)
+            self._thread.join(timeout=5 if timeout is None else timeout)
         try:
-            self._drain()
+            self._drain(timeout)
         except Exception:  # noqa: BLE001
             pass

@@ -7,7 +7,8 @@ exactly the tokenizer's vocabulary: rows a trainer padded the embedding with (fo
 sliced off, so its logits are the vocabulary's and nothing else.
 
 `python -m training export NAME --storage-path P -o DIR` (what `submitter export` runs as a
-child process, so the CLI never imports torch) exports a run's latest checkpoint; the driver
+child process, so the CLI never imports torch) exports a run's latest complete checkpoint (one
+Ray Train registered: never a torn upload); the driver
 exports `<run>/model` at the end of every run and puts the sample into `run_finished`.
 
 The sample shows what the model learned: its prompt is the start of a row of the run's own
@@ -23,7 +24,7 @@ import json
 import os
 import re
 import shutil
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 from submitter.contract.errors import UsageError
 from training.checkpoint_io import STATE_FILE, load_state
@@ -40,12 +41,34 @@ PROMPT_CHARS = 40
 EXPORT_DIR = "model"
 TOKENIZER_INFO = "tokenizer_info.json"
 _CKPT = re.compile(r"^checkpoint_epoch(\d+)_step(\d+)$")
+#: Ray Train's run snapshot in the run directory: the checkpoints it registered.
+SNAPSHOT_FILE = "checkpoint_manager_snapshot.json"
 
 
 # --- which checkpoint --------------------------------------------------------------------------
 
-def latest_checkpoint(run_dir: str) -> str:
-    """The newest checkpoint directory of a run (highest step, then epoch) that has a state."""
+def registered_checkpoints(run_dir: str) -> Optional[set[str]]:
+    """The checkpoints Ray Train registered (its run snapshot: what a resume would use), by
+    directory name; None when the run has no snapshot (nothing was ever registered). A
+    checkpoint directory that is not among them is torn or unfinished: a kill during its
+    upload leaves a `state.pt` that may be cut short."""
+    path = os.path.join(run_dir, SNAPSHOT_FILE)
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as e:
+        raise UsageError(f"cannot read {path} ({e}); it says which checkpoints are complete. "
+                         "Pass --checkpoint DIR to export one you know is") from None
+    results = [*(data.get("checkpoint_results") or []), data.get("latest_checkpoint_result")]
+    return {r["checkpoint_dir_name"] for r in results if r and r.get("checkpoint_dir_name")}
+
+
+def latest_checkpoint(run_dir: str, notice: Callable[[str], None] = print) -> str:
+    """The newest complete checkpoint of a run (highest step, then epoch): registered by Ray
+    Train (registered_checkpoints) and with a state. Newer ones that are not registered are
+    skipped, and `notice` says so in one line."""
     try:
         names = os.listdir(run_dir)
     except OSError:
@@ -55,9 +78,29 @@ def latest_checkpoint(run_dir: str) -> str:
         m = _CKPT.match(name)
         if m and os.path.exists(os.path.join(run_dir, name, STATE_FILE)):
             found.append(((int(m.group(2)), int(m.group(1))), name))
-    if not found:
-        raise UsageError(f"{run_dir} has no checkpoint yet; train it first (submitter submit)")
-    return os.path.join(run_dir, max(found)[1])
+    registered = registered_checkpoints(run_dir) or set()
+    complete = [c for c in found if c[1] in registered]
+    best = max(complete) if complete else None
+    torn = sorted(name for key, name in found if name not in registered
+                  and (best is None or key > best[0]))
+    if torn:
+        notice(f"skipping {', '.join(torn)}: not registered by Ray Train (an upload cut short, "
+               f"e.g. by a kill); {'using ' + best[1] if best else 'no complete one is left'}")
+    if best is None:
+        raise UsageError(f"{run_dir} has no complete checkpoint yet; train it first (submitter "
+                         "submit), or resume it so the next checkpoint completes")
+    return os.path.join(run_dir, best[1])
+
+
+def check_registered(checkpoint_dir: str) -> None:
+    """A checkpoint named with --checkpoint: refused when its run's snapshot exists and does
+    not list it (torn); a directory outside a run (a copy) is taken as it is."""
+    run_dir, name = os.path.split(checkpoint_dir.rstrip("/"))
+    registered = registered_checkpoints(run_dir)
+    if registered is not None and name not in registered:
+        raise UsageError(f"{checkpoint_dir} was never registered by Ray Train (its upload was "
+                         "cut short, so its state may be torn); leave out --checkpoint for the "
+                         "latest complete one")
 
 
 def tokenizer_of(run_record: Optional[Mapping[str, Any]], model_config: Mapping[str, Any]) -> dict[str, Any]:
@@ -241,6 +284,7 @@ def main(argv: Sequence[str]) -> int:
     ckpt = os.path.abspath(ns.checkpoint) if ns.checkpoint else latest_checkpoint(run_dir)
     if not os.path.exists(os.path.join(ckpt, STATE_FILE)):
         raise UsageError(f"{ckpt} is not a checkpoint (no {STATE_FILE})")
+    check_registered(ckpt)
     out = os.path.abspath(ns.output)
     if os.path.exists(out) and (not os.path.isdir(out) or os.listdir(out)):
         raise UsageError(f"-o {ns.output} exists and is not an empty directory; pick a new one")

@@ -20,8 +20,8 @@ of wall time (30 on GPUs: what a hard fault loses at most), decided at a progres
 an all-reduced flag so every rank saves at the same step. Saving pauses training only for the
 state's copy into host memory (`stall_s` in checkpoint_saved); writing `state.pt` and the upload
 run in Ray Train's upload thread behind training (`CheckpointUploadMode.ASYNC` with our
-`checkpoint_upload_fn`; in order, flushed when the loop returns), except for the preemption
-checkpoint, which is uploaded before the worker leaves.
+`checkpoint_upload_fn`; one in flight at most, training.upload_slot; flushed when the loop
+returns); the preemption checkpoint's upload is waited for before the worker leaves.
 """
 
 from __future__ import annotations
@@ -32,11 +32,13 @@ import time
 import zlib
 from typing import Any, Iterator, Optional
 
+from submitter.contract.shutdown import exit_chain
 from training.checkpoint_io import interval_due, load_state, save_state, snapshot
 from training.config import TrainConfig
 from training.input_path import InputPath, WaitShare
 from training.object_store import as_uri
-from training.preempt import StepGate, leave, preemption_metrics
+from training.preempt import StepGate, leave, preemption_metrics, seconds_left
+from training.upload_slot import UploadSlot
 
 STATE_FILE = "state.pt"
 #: Blocks in each worker's local shuffle buffer, in micro-batches.
@@ -232,21 +234,24 @@ def train_func(loop_config: dict[str, Any]) -> None:
                    **group_batch(cfg.resolved_global_batch_size, world, cfg.micro_batch_size, block))
 
     def save(metrics: dict[str, Any], epoch: int, step_in_epoch: int, epoch_done: bool,
-             upload_first: bool = False) -> None:
+             budget_s: Optional[float] = None) -> None:
         """All ranks: gather the full state into host memory (a collective under FSDP); rank 0
         hands it to Ray Train, whose upload thread writes it to a local directory, uploads that
-        and deletes it, behind training (or before returning, with `upload_first`: the
-        preemption checkpoint, the process leaves next)."""
+        and deletes it, behind training. At most one upload is in flight (`slot`): rank 0 first
+        waits for the previous one, before it makes a second host copy (the wait is part of
+        stall_s); the preemption checkpoint waits at most what is left of `budget_s` (then it
+        is not handed over: the process leaves next, `leave` waits for its upload)."""
         from ray.train import CheckpointUploadMode
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 
         nonlocal last_save
         t_save = time.perf_counter()
+        free = rank != 0 or slot.wait(None if budget_s is None else seconds_left(budget_s))
         model_sd, optim_sd = get_state_dict(
             model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         name = checkpoint_name(epoch + 1, step)
         ckpt, upload = None, None
-        if rank == 0:
+        if rank == 0 and free:
             state = snapshot({
                 "model": model_sd, "optimizer": optim_sd, "scheduler": plan.to_dict(),
                 "epoch": epoch, "step": step, "step_in_epoch": step_in_epoch,
@@ -258,20 +263,25 @@ def train_func(loop_config: dict[str, Any]) -> None:
             # Ray's own upload (a DeveloperAPI: StorageContext), after writing the file there
             storage = ray.train.get_context().get_storage()
 
-            def upload(local: Any, dir_name: str) -> Any:  # in Ray Train's upload thread
+            def write_and_upload(local: Any, dir_name: str) -> Any:  # Ray Train's upload thread
                 save_state(local.path, **state)
+                state.clear()  # the host copy goes as soon as it is on disk
                 return storage.persist_current_checkpoint(local, dir_name)
 
+            upload = slot.hold(write_and_upload)
             # an empty local directory: Ray Train deletes it once uploaded
             ckpt = Checkpoint.from_directory(tempfile.mkdtemp(prefix="checkpoint-"))
         # what training waited for (the upload runs behind it): checkpoint_saved's stall_s
         stall = time.perf_counter() - t_save
         # checkpoint_saved comes from the controller once registered (training.checkpoint_events)
-        ray.train.report({**metrics, "epoch_done": epoch_done, "stall_s": round(stall, 3)},
-                         checkpoint=ckpt, checkpoint_dir_name=name,
-                         checkpoint_upload_mode=CheckpointUploadMode.SYNC if upload_first
-                         else CheckpointUploadMode.ASYNC,
-                         checkpoint_upload_fn=upload, delete_local_checkpoint_after_upload=True)
+        try:
+            ray.train.report({**metrics, "epoch_done": epoch_done, "stall_s": round(stall, 3)},
+                             checkpoint=ckpt, checkpoint_dir_name=name,
+                             checkpoint_upload_mode=CheckpointUploadMode.ASYNC,
+                             checkpoint_upload_fn=upload, delete_local_checkpoint_after_upload=True)
+        except BaseException:
+            slot.release()  # never handed over
+            raise
         last_save = time.perf_counter()
 
     feed = InputPath(device)  # pinned, side-stream copies one micro-batch ahead (CUDA)
@@ -332,11 +342,13 @@ def train_func(loop_config: dict[str, Any]) -> None:
     optimizer.zero_grad(set_to_none=True)
     first_step = True  # report the first step of every start (time to first/resumed step)
     cap = cfg.max_steps_per_epoch
-    # SIGTERM -> checkpoint at a step boundary (training.preempt); the flag is read with the
-    # progress window's host sync, so no step pays for one of its own. Only rank 0 asks the
-    # driver's actor: the max-reduce hands its answer to every rank.
-    gate = StepGate(device, loop_config.get("hub") if rank == 0 else None,
-                    every=cfg.progress_every)
+    # SIGTERM -> checkpoint at the next step boundary (training.preempt): the ranks agree on
+    # the flag every step, on the host, overlapped with the step. Only rank 0 asks the
+    # driver's actor: the max-reduce hands its answer to every rank. A worker's share of the
+    # grace period (submitter.contract.shutdown) bounds its save; one upload in flight at most.
+    gate = StepGate(loop_config.get("hub") if rank == 0 else None)
+    budget = exit_chain(cfg.termination_grace_period).worker_save_s
+    slot = UploadSlot()
     for epoch in range(start_epoch, cfg.epochs):
         done_in_epoch = skip if epoch == start_epoch else 0
         epoch_loss = torch.zeros((), device=device, dtype=torch.float64)
@@ -401,8 +413,9 @@ def train_func(loop_config: dict[str, Any]) -> None:
             if gate.stop():  # preempted: save where we are (unless just saved), retryable exit
                 if not interval_save:
                     save(preemption_metrics(epoch, step, epoch_loss.item() / epoch_steps), epoch,
-                         done_in_epoch, False, upload_first=True)
-                leave(step)
+                         done_in_epoch, False, budget_s=budget)
+                leave(step, checkpoint_name(epoch + 1, step), budget,
+                      slot.wait if rank == 0 else lambda timeout: True)
 
         # --- end of epoch: the real steps per epoch, validate, report, checkpoint -------------
         if not measured and done_in_epoch:  # (skipped steps of a resumed epoch count too)

@@ -1,11 +1,14 @@
 """Preemption: SIGTERM means "checkpoint at the next step boundary, then go".
 
 A spot node or a Kueue preemption sends SIGTERM and waits a grace period before SIGKILL. In a
-training worker the signal only sets a flag; at the next step boundary every rank learns it
-(one async all-reduce per step, overlapped with the step), all save a checkpoint with
-`reason: "preemption"`, wait until Ray Train has registered it, and raise `Preempted`: Ray
+training worker the signal only sets a flag; every optimizer step the ranks agree on it (one
+one-float all-reduce on a host-side gloo group, started as the step starts and read at its end,
+so it overlaps the step and never syncs the GPU), so the checkpoint starts at most one step
+after the step the signal arrived in, whatever `progress_every` is. All ranks save a
+checkpoint with `reason: "preemption"`, wait until Ray Train has registered it (at most the
+worker's share of the grace period, submitter.contract.shutdown) and raise `Preempted`: Ray
 Train's failure policy retries the worker group from that checkpoint (and a RayJob whose
-driver fails is retried by its backoffLimit), so at most the step in flight is redone.
+driver fails is retried by its backoffLimit), so at most the steps in flight are redone.
 
 Ray installs its own SIGTERM handler (exit at once) in every worker process's main loop, after
 the runtime env's setup hook runs; the hook (`worker_setup`) wraps Ray's installer so our
@@ -18,10 +21,13 @@ from __future__ import annotations
 import signal
 import sys
 import threading
+import time
 from typing import Any, Callable, Optional
 
 #: Set by a SIGTERM while a training loop runs in this process.
 _requested = threading.Event()
+#: When this process learned of the preemption (time.monotonic), for its deadline.
+_requested_at: list[float] = []
 #: True while a training loop that can act on the flag runs in this process.
 _armed = threading.Event()
 _fallback: Optional[Callable[..., Any]] = None
@@ -37,7 +43,7 @@ class Preempted(RuntimeError):
 
 def _on_sigterm(signum: int, frame: Any) -> None:
     if _armed.is_set():
-        _requested.set()
+        request()
         return
     if callable(_fallback):
         _fallback(signum, frame)
@@ -81,24 +87,32 @@ def requested() -> bool:
 
 def request() -> None:
     """Ask for a preemption checkpoint (what SIGTERM does; also for a driver's request)."""
+    if not _requested.is_set():
+        _requested_at[:] = [time.monotonic()]
     _requested.set()
+
+
+def seconds_left(budget_s: float, now: Optional[float] = None) -> float:
+    """What is left of a worker's budget (ExitChain.worker_save_s) counted from when this
+    process learned of the preemption (now, if it has not)."""
+    now = time.monotonic() if now is None else now
+    start = _requested_at[0] if _requested.is_set() and _requested_at else now
+    return max(0.0, start + budget_s - now)
 
 
 class StepGate:
     """The loop's view: `begin()` before a step, `stop()` after it. In a distributed group the
-    flag is max-reduced asynchronously during the step, so every rank stops at the same step
-    boundary and no rank waits for a collective of its own."""
+    flag is max-reduced asynchronously during the step, on a gloo group of its own (host memory:
+    no GPU sync, and never queued behind the gradients' all-reduce), so every rank stops at the
+    same step boundary: the end of the first step that starts after the signal. No rank waits
+    for a collective of its own: by the step's end the one-float reduce has long finished."""
 
-    def __init__(self, device: Any = None, hub: Any = None, poll_s: float = 1.0,
-                 every: int = 1) -> None:
-        """`every`: agree on the flag every N steps only (on a GPU the flag's read is a host
-        sync; a loop that avoids per-step syncs may check every few steps, at the cost of up
-        to N-1 more steps before the preemption checkpoint, none of them lost)."""
+    def __init__(self, hub: Any = None, poll_s: float = 1.0) -> None:
         import torch.distributed as dist
 
         self.dist = dist if dist.is_available() and dist.is_initialized() else None
-        self.device = device
-        self.every, self._n = max(1, every), 0
+        # every rank builds the gate at the same point of the loop: new_group is collective
+        self.group = self.dist.new_group(backend="gloo") if self.dist is not None else None
         self._work, self._flag = None, None
         self._done = threading.Event()
         _armed.set()
@@ -120,22 +134,25 @@ class StepGate:
                 return
 
     def begin(self) -> None:
-        self._n += 1
-        if self.dist is None or self._n % self.every:
+        if self.dist is None:
             return
         import torch
 
-        self._flag = torch.tensor([1.0 if requested() else 0.0], device=self.device)
-        self._work = self.dist.all_reduce(self._flag, op=self.dist.ReduceOp.MAX, async_op=True)
+        self._flag = torch.tensor([1.0 if requested() else 0.0])
+        self._work = self.dist.all_reduce(self._flag, op=self.dist.ReduceOp.MAX,
+                                          group=self.group, async_op=True)
 
     def stop(self) -> bool:
         if self.dist is None:
             return requested()
         if self._work is None:
-            return False  # not a checking step
+            return False
         self._work.wait()
         self._work = None
-        return bool(self._flag.item() > 0)
+        if self._flag.item() > 0:
+            request()  # a rank that learns it from the others starts its deadline now
+            return True
+        return False
 
     def close(self) -> None:
         """Leaving the loop: drain a pending reduce, SIGTERM means "exit" again."""
@@ -146,13 +163,15 @@ class StepGate:
         _armed.clear()
 
 
-def confirm_registered() -> None:
-    """Block until Ray Train has registered every checkpoint this worker reported (what a
-    retry resumes from); then raising is safe."""
+def registered(name: str, timeout_s: float) -> bool:
+    """Wait (at most timeout_s) until Ray Train has registered every checkpoint this worker
+    reported (what a retry resumes from); True if the checkpoint `name` is among them."""
     import ray.train
 
-    ray.train.get_all_reported_checkpoints(
-        consistency_mode=ray.train.CheckpointConsistencyMode.COMMITTED)
+    found = ray.train.get_all_reported_checkpoints(
+        consistency_mode=ray.train.CheckpointConsistencyMode.COMMITTED,
+        timeout_s=max(timeout_s, 0.001))
+    return any(str(c.checkpoint.path).rstrip("/").endswith("/" + name) for c in found)
 
 
 def preemption_metrics(epoch: int, step: int, train_loss: float) -> dict[str, Any]:
@@ -163,30 +182,36 @@ def preemption_metrics(epoch: int, step: int, train_loss: float) -> dict[str, An
             "train_loss": train_loss, "reason": "preemption"}
 
 
-def leave(step: int) -> None:
-    """After the preemption checkpoint: make sure it counts, then exit retryably."""
-    confirm_registered()
+def leave(step: int, name: str, budget_s: float,
+          wait_upload: Callable[[float], bool] = lambda timeout: True) -> None:
+    """After the preemption checkpoint `name` was handed over: wait for its upload
+    (`wait_upload`, rank 0's) and its registration within what is left of `budget_s`, then exit
+    retryably, saying whether it counts. A save that outlasts the budget is left behind
+    unregistered: a retry resumes from the last registered checkpoint, and export skips it."""
+    done = wait_upload(seconds_left(budget_s)) and registered(name, seconds_left(budget_s))
     _requested.clear()
+    _requested_at.clear()
     _armed.clear()  # a second SIGTERM now ends the process (Ray's handler)
-    raise Preempted(f"preempted (SIGTERM) at step {step}: checkpoint saved and registered; "
-                    "Ray Train retries from it")
+    if done:
+        raise Preempted(f"preempted (SIGTERM) at step {step}: checkpoint saved and registered; "
+                        "Ray Train retries from it")
+    raise Preempted(f"preempted (SIGTERM) at step {step}: its checkpoint was not registered "
+                    f"within {budget_s:g}s of the signal (the grace period's share for it); a "
+                    "retry resumes from the last registered checkpoint")
 
 
 class DriverPreempted(KeyboardInterrupt):
     """Raised in the driver's main thread once the preemption checkpoint is registered."""
 
 
-#: How long a driver that got SIGTERM waits for the workers' preemption checkpoint.
-DRIVER_WAIT_S = 120.0
-
-
 class DriverPreemption:
     """SIGTERM in the driver (`python -m training`): ask every worker, through the run's
-    emitter actor, for a preemption checkpoint; once it is registered (or after `wait_s`),
-    interrupt `fit()` in the main thread; the driver then records run_failed with
+    emitter actor, for a preemption checkpoint; once it is registered (or after `wait_s`,
+    ExitChain.driver_wait_s: longer than the workers' save, shorter than the preStop hook's
+    wait), interrupt `fit()` in the main thread; the driver then records run_failed with
     reason preemption and exits 143, which the RayJob retries (backoffLimit)."""
 
-    def __init__(self, hub: Any, wait_s: float = DRIVER_WAIT_S) -> None:
+    def __init__(self, hub: Any, wait_s: float) -> None:
         self.hub, self.wait_s = hub, wait_s
         self.fired = False
         self.ready = False
@@ -218,16 +243,17 @@ class DriverPreemption:
 
     def _wait_then_interrupt(self) -> None:
         import _thread
-        import time
 
         import ray
 
         deadline = time.monotonic() + self.wait_s
         while time.monotonic() < deadline:
             try:
-                saved = [e for e in ray.get(self.hub.since.remote(0))
+                events = ray.get(self.hub.since.remote(0),
+                                 timeout=max(deadline - time.monotonic(), 0.001))
+                saved = [e for e in events
                          if e["type"] == "checkpoint_saved" and e.get("reason") == "preemption"]
-            except Exception:  # noqa: BLE001
+            except Exception:  # noqa: BLE001 - a lost actor, or the deadline
                 break
             if saved:
                 self.step = saved[-1].get("step")

@@ -13,8 +13,9 @@ never learn of it, and no preemption checkpoint is written. So the hook does it 
   checkpoint at the next step boundary (training.preempt), and the driver then exits 143, which
   the RayJob retries (backoffLimit) from that checkpoint;
 - waits until every process it signalled has exited (the checkpoint is registered by then), at
-  most `--timeout` seconds (rendered as the grace period less a margin for `ray start`'s own
-  shutdown), then returns so kubelet goes on with its SIGTERM.
+  most `--timeout` seconds (rendered from the grace period by submitter.contract.shutdown: less
+  a margin for `ray start`'s own shutdown, and longer than the driver's own wait and exit),
+  then returns so kubelet goes on with its SIGTERM.
 
 "This pod": the processes that share the hook's HOSTNAME (kubelet sets it to the pod's name in
 every container process, and Ray's processes inherit it); without one, every process the hook
@@ -31,6 +32,7 @@ import time
 from pathlib import Path
 from typing import Iterable, Optional, Sequence
 
+from submitter.contract.shutdown import exit_chain
 from training.run_identity import pid_alive
 
 #: Ray Train's worker actor, as its process title shows it (setproctitle).
@@ -98,14 +100,26 @@ def stop(pids: Iterable[int], timeout: float, poll: float = 0.2) -> list[int]:
     return alive
 
 
+def default_timeout() -> float:
+    """The wait render writes for the default grace period (a hook run by hand gets the same)."""
+    import dataclasses
+
+    from submitter.contract.spec import JobSpec
+
+    grace = {f.name: f for f in dataclasses.fields(JobSpec)}["termination_grace_period"].default
+    return exit_chain(grace).prestop_s
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    default = default_timeout()
     parser = argparse.ArgumentParser(
         prog="python -m training.prestop",
         description="The Ray pods' preStop hook: SIGTERM to this pod's training driver and Ray "
                     "Train workers (a preemption checkpoint), then wait for them to exit.",
-        epilog="example: python -m training.prestop --timeout 110")
-    parser.add_argument("--timeout", type=float, default=110.0, metavar="SECONDS",
-                        help="wait at most this long for the signalled processes (default 110)")
+        epilog=f"example: python -m training.prestop --timeout {default:g}")
+    parser.add_argument("--timeout", type=float, default=default, metavar="SECONDS",
+                        help="wait at most this long for the signalled processes (default "
+                             f"{default:g}: the default grace period's share)")
     args = parser.parse_args(argv)
     if not args.timeout >= 0:
         parser.error("--timeout must be a number of seconds >= 0")

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
+from submitter.contract.errors import SpecError
 from submitter.contract.spec import accumulation_steps
 from training.config import TrainConfig
 from training.precision import choose_precision
@@ -53,13 +54,29 @@ def compile_fact(mode: str, use_gpu: bool) -> str:
     return "on" if compile_enabled(mode, "cuda" if use_gpu else "cpu") else "off"
 
 
+def too_short(blocks: Optional[int], workers: int, micro: int, accumulation: int,
+              block: int) -> Optional[str]:
+    """The one-line problem when the training data (an estimate: `blocks` sequences of `block`
+    tokens) holds less than one optimizer step: zero steps would "succeed" with an untrained
+    model. None when it is long enough, or its size is unknown."""
+    per_step = workers * micro * accumulation
+    if blocks is None or blocks >= per_step:
+        return None
+    fits = blocks // (workers * micro) * workers * micro
+    fix = (f"lower --global-batch-size to {fits} or less" if fits else
+           "lower --batch-size-per-worker or --block-size")
+    return (f"the training data has ~{blocks * block:,} tokens, less than one optimizer step "
+            f"({per_step * block:,} tokens: {per_step} sequences x {block}); add data, or {fix}")
+
+
 def warmup_for(total: int, warmup_steps: Optional[int]) -> int:
     return warmup_steps if warmup_steps is not None else max(1, total // 20)
 
 
 def plan_run(cfg: TrainConfig, corpus: Any, tok_spec: Any, block: int,
              notice: Callable[[str], None]) -> RunPlan:
-    """Checks and decisions before `TorchTrainer.fit`; raises GpuImageError / SpecError (one line)."""
+    """Checks and decisions before `TorchTrainer.fit`; raises GpuImageError / SpecError (one
+    line), the latter also for data shorter than one optimizer step."""
     from training.data import estimate_blocks, steps_per_epoch_estimate
     from training.gpu_check import check_gpus_here, probe_gpu_node
 
@@ -68,6 +85,9 @@ def plan_run(cfg: TrainConfig, corpus: Any, tok_spec: Any, block: int,
     accum = accumulation_steps(cfg.resolved_global_batch_size, cfg.num_workers, cfg.micro_batch_size)
     micro = cfg.micro_batch_size * cfg.num_workers
     blocks = estimate_blocks(corpus, tok_spec, block, cfg.val_percent)
+    short = too_short(blocks, cfg.num_workers, cfg.micro_batch_size, accum, block)
+    if short:
+        raise SpecError(short)
     estimate = steps_per_epoch_estimate(blocks, micro, accum)
     warmup = None
     if cfg.max_steps_per_epoch:

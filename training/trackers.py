@@ -690,12 +690,17 @@ class TrackerSink:
             self.close(ok=etype == "run_finished")
 
     def _artifact(self, export_dir: str) -> None:
+        """The exported model to the backends that log one (MLflow); fetched from an object
+        store (~0.5 GB for gpt2-small) only when one of them asked for it."""
+        takers = [w for w in self.workers if type(w.backend).artifact is not Backend.artifact]
+        if not takers:
+            return
         try:
             local, temp = _local_copy(export_dir)
         except Exception as e:  # noqa: BLE001
             log.warning("could not read the exported model %s for the trackers: %s", export_dir, e)
             return
-        for w in self.workers:
+        for w in takers:
             w.put("artifact", local)
         self._temp_export = local if temp else None
 

@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -17,8 +18,8 @@ torch = pytest.importorskip("torch")
 
 from submitter.contract.errors import UsageError  # noqa: E402
 from training.checkpoint_io import load_state, save_state  # noqa: E402
-from training.export import (TOKENIZER_INFO, export_checkpoint, latest_checkpoint,  # noqa: E402
-                             prompt_from, sample_text)
+from training.export import (TOKENIZER_INFO, check_registered, export_checkpoint,  # noqa: E402
+                             latest_checkpoint, prompt_from, sample_text)
 from training.model import (BETAS, MIN_LR_RATIO, build_model, build_optimizer,  # noqa: E402
                             build_scheduler, gpt2_config)
 from training.tokens import BYTE_EOT_ID, byte_encoding  # noqa: E402
@@ -126,15 +127,55 @@ def test_the_prompt_is_the_start_of_a_training_row_cut_at_a_space():
     assert prompt_from([]) == "The "
 
 
-def test_latest_checkpoint_is_the_highest_step(tmp_path):
-    for name in ("checkpoint_epoch001_step0000040", "checkpoint_epoch002_step0000080",
-                 "checkpoint_epoch002_step0000060"):
+def register(run_dir: Path, *names: str) -> None:
+    """Ray Train's run snapshot (checkpoint_manager_snapshot.json, as Ray 2.60 writes it),
+    listing `names` as registered; the last is the latest."""
+    def result(name: str) -> dict:
+        return {"version": 0, "checkpoint_dir_name": name, "metrics": {"step": 1}}
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "checkpoint_manager_snapshot.json").write_text(json.dumps({
+        "ray_version": "2.60.0", "checkpoint_results": [result(n) for n in names],
+        "checkpoint_report_indices": list(range(1, len(names) + 1)),
+        "latest_checkpoint_result": result(names[-1]) if names else None,
+        "pending_training_results": [], "pending_validation_specs": [],
+        "current_report_index": len(names), "validated_checkpoint_dir_names": [],
+        "timed_out_validation_checkpoint_dir_names": [],
+        "failed_validation_checkpoint_dir_names": []}))
+
+
+def test_latest_checkpoint_is_the_highest_registered_step(tmp_path):
+    names = ("checkpoint_epoch001_step0000040", "checkpoint_epoch002_step0000080",
+             "checkpoint_epoch002_step0000060")
+    for name in names:
         (tmp_path / name).mkdir()
         (tmp_path / name / "state.pt").write_bytes(b"")
+    register(tmp_path, *names)
     (tmp_path / "checkpoint_epoch003_step0000100").mkdir()  # no state: not a checkpoint
-    assert latest_checkpoint(str(tmp_path)).endswith("checkpoint_epoch002_step0000080")
+    lines: list[str] = []
+    assert latest_checkpoint(str(tmp_path), lines.append).endswith("checkpoint_epoch002_step0000080")
+    assert lines == []
     with pytest.raises(UsageError, match="no run"):
         latest_checkpoint(str(tmp_path / "absent"))
+
+
+def test_a_torn_upload_is_skipped_with_one_line(tmp_path):
+    """A kill during an upload leaves the newest directory with a state.pt that Ray Train
+    never registered: export takes the newest registered one and says what it skipped."""
+    for name in ("checkpoint_epoch001_step0000040", "checkpoint_epoch001_step0000050"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "state.pt").write_bytes(b"")
+    register(tmp_path, "checkpoint_epoch001_step0000040")
+    lines: list[str] = []
+    assert latest_checkpoint(str(tmp_path), lines.append).endswith("step0000040")
+    assert len(lines) == 1 and "skipping checkpoint_epoch001_step0000050" in lines[0]
+    assert "not registered" in lines[0]
+    with pytest.raises(UsageError, match="never registered"):
+        check_registered(str(tmp_path / "checkpoint_epoch001_step0000050"))
+    check_registered(str(tmp_path / "checkpoint_epoch001_step0000040"))
+    (tmp_path / "checkpoint_manager_snapshot.json").unlink()  # nothing registered at all
+    with pytest.raises(UsageError, match="no complete checkpoint"):
+        latest_checkpoint(str(tmp_path), lines.append)
 
 
 def test_submitter_export_runs_python_m_training_export(tmp_path, runner):
@@ -143,6 +184,7 @@ def test_submitter_export_runs_python_m_training_export(tmp_path, runner):
     from submitter.cli import main
 
     _checkpoint(tmp_path / "runs" / "job" / "checkpoint_epoch001_step0000002")
+    register(tmp_path / "runs" / "job", "checkpoint_epoch001_step0000002")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.run([sys.executable, "-m", "submitter", "export", "job", "--storage-path",
                            str(tmp_path / "runs"), "-o", str(tmp_path / "hf")],

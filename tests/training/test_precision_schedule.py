@@ -187,3 +187,25 @@ def test_the_gpu_check_waits_for_gpus_but_not_for_a_wrong_image(monkeypatch):
     with pytest.raises(GpuImageError, match="4 GPU worker"):
         check_gpus_here(True, 4, wait_s=0)
     check_gpus_here(False, 4)  # CPU jobs never look
+
+
+def test_data_shorter_than_one_step_fails_before_training_naming_both_sizes():
+    """Issue 23: zero steps used to "succeed" (train_loss 0.0, an untrained model exported)."""
+    from submitter.contract.errors import SpecError
+    from submitter.contract.spec import JobSpec
+    from training.config import TrainConfig
+    from training.data import Corpus
+    from training.run_plan import plan_run
+    from training.tokens import TokenizerSpec
+
+    cfg = TrainConfig.from_spec(JobSpec.build(name="p", model="tiny", replicas=2,
+                                              batch_size_per_worker=2, global_batch_size=128,
+                                              val_percent=0.0), "/x")
+    tiny = Corpus(None, None, "x", text_bytes=64 * 100)  # 100 sequences, a step is 128
+    with pytest.raises(SpecError) as e:
+        plan_run(cfg, tiny, TokenizerSpec("byte"), 64, lambda line: None)
+    message = str(e.value)
+    assert "~6,400 tokens" in message and "(8,192 tokens" in message
+    assert "--global-batch-size to 100 or less" in message and "\n" not in message
+    enough = Corpus(None, None, "x", text_bytes=64 * 128)
+    assert plan_run(cfg, enough, TokenizerSpec("byte"), 64, lambda line: None).steps_per_epoch == 1

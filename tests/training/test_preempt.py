@@ -166,6 +166,7 @@ def test_a_lost_emitter_on_a_draining_head_still_exits_preempted(monkeypatch):
     preemption (exit 143, retried from the checkpoint) into a failure (exit 1)."""
     import ray
 
+    from submitter.contract.shutdown import exit_chain
     from training.driver import _preempted
 
     class Hub:
@@ -178,7 +179,166 @@ def test_a_lost_emitter_on_a_draining_head_still_exits_preempted(monkeypatch):
         raise ray.exceptions.ActorUnschedulableError("the node is draining")
 
     monkeypatch.setattr(ray, "get", lost)
-    preemption = preempt.DriverPreemption(Hub())
+    preemption = preempt.DriverPreemption(Hub(), wait_s=95)
     preemption.step = 12
     with pytest.raises(preempt.Preempted, match="checkpoint at step 12"):
-        _preempted(Hub(), preemption)
+        _preempted(Hub(), preemption, _NoPoller(), exit_chain(120))
+
+
+class _NoPoller:
+    def stop(self, timeout=None):
+        pass
+
+
+# --- the stop flag is agreed at every step (issue 23) ---------------------------------------------
+
+def _gate_rank(rank: int, init: str, signal_at: int, out) -> None:
+    """One rank of a 2-process gloo group: 12 steps through a StepGate; rank 1 gets the request
+    during step `signal_at` (after the step began). Puts (rank, step it stopped at)."""
+    import torch.distributed as dist
+
+    from training import preempt as p
+
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
+    try:
+        gate = p.StepGate()
+        stopped = None
+        for step in range(1, 13):
+            gate.begin()
+            if rank == 1 and step == signal_at:
+                p.request()
+            if gate.stop():
+                stopped = step
+                break
+        gate.close()
+        out.put((rank, stopped))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_every_rank_stops_one_step_after_the_signal_whatever_progress_every(tmp_path):
+    """The flag is agreed at every step (an async reduce started with the step): a request
+    that arrives during step 4 on one rank stops both ranks after step 5. Before, the gate
+    agreed only every `progress_every` steps (20 by then)."""
+    pytest.importorskip("torch")
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    init = f"file://{tmp_path / 'rendezvous'}"
+    procs = [ctx.Process(target=_gate_rank, args=(r, init, 4, out)) for r in (0, 1)]
+    for proc in procs:
+        proc.start()
+    try:
+        results = dict(out.get(timeout=120) for _ in procs)
+    finally:
+        for proc in procs:
+            proc.join(timeout=30)
+    assert results == {0: 5, 1: 5}
+
+
+def test_a_rank_that_learns_it_from_the_others_starts_its_deadline_then(fresh_flags):
+    assert preempt.seconds_left(90, now=1000.0) == 90  # not preempted: the whole budget
+    preempt.request()
+    start = preempt._requested_at[0]
+    assert preempt.seconds_left(90, now=start + 30) == 60
+    assert preempt.seconds_left(90, now=start + 200) == 0
+    preempt.request()  # a second request keeps the first time
+    assert preempt._requested_at == [start]
+
+
+# --- every wait on the way out is bounded ---------------------------------------------------------
+
+def test_leave_without_a_registered_checkpoint_past_the_budget_says_so(fresh_flags, monkeypatch):
+    """A save that outlasts the worker's share of the grace period is left behind: the worker
+    still leaves (retryably) within its budget, and says the checkpoint does not count."""
+    waited = []
+    monkeypatch.setattr(preempt, "registered",
+                        lambda name, timeout: waited.append(("registered", timeout)) or True)
+    preempt.request()
+
+    def upload_never_ends(timeout):
+        waited.append(("upload", timeout))
+        return False
+
+    with pytest.raises(preempt.Preempted, match="not registered within 90s"):
+        preempt.leave(7, "checkpoint_epoch001_step0000007", 90, upload_never_ends)
+    assert waited and all(0 <= t <= 90 for _, t in waited)
+    assert not preempt.requested()  # a second SIGTERM now ends the process
+    preempt.request()
+    monkeypatch.setattr(preempt, "registered", lambda name, timeout: True)
+    with pytest.raises(preempt.Preempted, match="saved and registered"):
+        preempt.leave(8, "checkpoint_epoch001_step0000008", 90)
+
+
+def test_exit_143_is_never_held_up_by_a_tracker(monkeypatch):
+    """The emitter actor closes the trackers inside run_failed: a tracker that never answers
+    holds the actor, never the driver. Every wait of the driver's way out has a timeout
+    within the chain's tracker share."""
+    import ray
+
+    from submitter.contract.shutdown import exit_chain
+    from training.driver import _Poller, _preempted
+
+    timeouts = []
+
+    def busy_actor(ref, timeout=None):
+        timeouts.append(timeout)
+        raise ray.exceptions.GetTimeoutError("the emitter is closing a tracker")
+
+    class Hub:
+        def __getattr__(self, name):
+            return _Remote(lambda *a, **k: name)
+
+    monkeypatch.setattr(ray, "get", busy_actor)
+    for grace in (11, 30, 120, 3600):
+        chain = exit_chain(grace)
+        timeouts.clear()
+        preemption = preempt.DriverPreemption(Hub(), wait_s=chain.driver_wait_s)
+        poller = _Poller(Hub(), on_event=lambda e: None, every=0.5)
+        with pytest.raises(preempt.Preempted):
+            _preempted(Hub(), preemption, poller, chain)
+        assert timeouts and None not in timeouts
+        assert sum(timeouts) <= chain.driver_exit_s, (grace, timeouts)
+        assert max(timeouts) <= max(chain.tracker_close_s, 0.001)
+
+
+# --- one upload in flight -------------------------------------------------------------------------
+
+def test_the_next_save_waits_for_the_upload_in_flight_never_queues_a_second_copy():
+    """Ray Train's upload thread (one thread, an unbounded queue) gets the state's host copy;
+    the slot makes the next save wait before its copy exists, and frees on a failed upload."""
+    import queue
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    from training.upload_slot import UploadSlot
+
+    slot, pool = UploadSlot(), ThreadPoolExecutor(max_workers=1)  # Ray's upload thread
+    gate, copies, most = threading.Event(), [], []
+    started = queue.Queue()
+
+    def upload(n):
+        started.put(n)
+        gate.wait(30)  # a slow bucket
+        copies.remove(n)
+
+    def save(n):  # what loop.save does on rank 0
+        assert slot.wait(30)
+        copies.append(n)  # the host copy
+        most.append(len(copies))
+        pool.submit(slot.hold(upload), n)
+
+    save(1)
+    assert started.get(timeout=10) == 1
+    second = threading.Thread(target=save, args=(2,))
+    second.start()
+    second.join(timeout=0.5)
+    assert second.is_alive() and copies == [1]  # waiting, not queued
+    assert slot.wait(0) is False
+    gate.set()
+    second.join(timeout=10)
+    assert started.get(timeout=10) == 2 and max(most) == 1
+    pool.submit(slot.hold(lambda: 1 / 0)).exception(timeout=10)  # a failed upload frees it
+    assert slot.wait(10)
+    pool.shutdown()

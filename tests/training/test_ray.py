@@ -333,6 +333,32 @@ def test_sigterm_to_a_worker_checkpoints_and_the_retry_redoes_at_most_one_step(s
     assert events[-1]["type"] == "run_finished" and events[-1]["step"] == 2 * steps
 
 
+def test_the_preemption_checkpoint_starts_within_a_step_whatever_progress_every(storage, fresh_ray):
+    """Issue 23: 32 micro-batches a step and a progress event every 20 steps. SIGTERM reaches
+    one worker right after the first progress event: both ranks agree on it at the next step
+    boundary, so the preemption checkpoint comes at most 2 steps after the step the signal
+    followed (before, the flag was read once per progress window: step 20)."""
+    signalled: list[int] = []
+    first = lambda events: any(e["type"] == "progress" for e in events)  # noqa: E731
+    watcher = _when(storage, "gate", first, _signal_a_worker(signal.SIGTERM, signalled))
+    outcome = _run(_args(storage, "gate", "--replicas", "2", "--batch-size-per-worker", "2",
+                         "--global-batch-size", "128", "--epochs", "1",
+                         "--max-steps-per-epoch", "8", "--progress-every", "20",
+                         "--max-failures", "1"))
+    watcher.join(timeout=1)
+    assert signalled, "no worker got SIGTERM"
+    assert outcome.ok, outcome.error
+    events = _events(storage, "gate")
+    progress = next(e for e in events if e["type"] == "progress")
+    assert progress["accumulation_steps"] == 32
+    saved = [e for e in events if e["type"] == "checkpoint_saved" and e["reason"] == "preemption"]
+    assert len(saved) == 1 and saved[0]["registered"] is True
+    assert progress["step"] < saved[0]["step"] <= progress["step"] + 2
+    restarts = [e for e in events if e["type"] == "worker_group_restarted"]
+    assert len(restarts) == 1 and restarts[0]["step"] == saved[0]["step"]
+    assert events[-1]["type"] == "run_finished" and events[-1]["step"] == 8
+
+
 def test_sigterm_to_the_driver_checkpoints_exits_143_and_the_next_start_resumes_there(
         storage, fresh_ray):
     """The head pod is preempted: the driver asks every worker for a checkpoint at the next

@@ -440,3 +440,32 @@ def test_the_grad_norm_reads_as_a_float_under_fsdp_and_plain(one_rank_group):
         model(input_ids=x, labels=x).loss.backward()
         norm = _norm_value(torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0))
         assert isinstance(norm, float) and 0 < norm < 100
+
+
+def test_the_exported_model_is_fetched_only_for_a_backend_that_logs_it(tmp_path, monkeypatch):
+    """Issue 23: every run into a bucket downloaded its exported model (~0.5 GB) at the end,
+    for TensorBoard and W&B too; only a backend with `artifact` (MLflow) needs it."""
+    fetched: list[str] = []
+    monkeypatch.setattr(tr, "_local_copy", lambda uri: fetched.append(uri) or (str(tmp_path), False))
+
+    class Logs(tr.Backend):
+        name = "logs"
+
+    class Models(tr.Backend):
+        name = "models"
+
+        def __init__(self):
+            self.got: list[str] = []
+
+        def artifact(self, local_dir):
+            self.got.append(local_dir)
+
+    run_dir = str(tmp_path / "demo")
+    _job(run_dir)
+    em = Emitter([tr.TrackerSink(run_dir, {}, [], backends=[Logs()], backoff=FAST)])
+    _session(em, [1, 2], finish="ok", export_dir="s3://bucket/runs/demo/model")
+    assert fetched == []
+    models = Models()
+    em = Emitter([tr.TrackerSink(run_dir, {}, [], backends=[Logs(), models], backoff=FAST)])
+    _session(em, [1, 2], finish="ok", export_dir="s3://bucket/runs/demo/model")
+    assert fetched == ["s3://bucket/runs/demo/model"] and models.got == [str(tmp_path)]
