@@ -92,18 +92,25 @@ def model_class():
     from transformers import GPT2LMHeadModel
     from transformers.modeling_outputs import CausalLMOutputWithCrossAttentions
 
-    from training.loss import lm_loss
+    import torch
+
+    from training.loss import lm_loss, loss_budget_bytes
 
     class GPT2Pretraining(GPT2LMHeadModel):
-        #: the loss function; training.compiling swaps in a compiled one
+        #: the loss function; training.compiling swaps in a compiled one for per-block compile
         loss_fn = staticmethod(lm_loss)
+        #: bytes the loss's chunk buffers may use (training.loss.loss_budget_bytes); None: not
+        #: decided yet (set on the first eager CUDA call, or by training.compiling before tracing)
+        loss_budget = None
 
         def forward(self, input_ids=None, labels=None, **kwargs):
             if labels is None or kwargs:
                 return super().forward(input_ids=input_ids, labels=labels, **kwargs)
             hidden = self.transformer(input_ids).last_hidden_state
+            if self.loss_budget is None and hidden.is_cuda and not torch.compiler.is_compiling():
+                self.loss_budget = loss_budget_bytes(hidden.device)
             return CausalLMOutputWithCrossAttentions(
-                loss=self.loss_fn(hidden, self.lm_head.weight, labels))
+                loss=self.loss_fn(hidden, self.lm_head.weight, labels, budget=self.loss_budget))
 
     _MODEL_CLASS.append(GPT2Pretraining)
     return GPT2Pretraining

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -120,11 +121,108 @@ def test_no_more_than_one_chunk_of_logits_exists_at_a_time():
     assert chunked.largest == 64 * vocab
 
 
-def test_the_chunk_size_is_bounded_by_memory_and_by_the_unrolled_chunk_count():
-    v = 50304  # GPT-2's padded vocabulary: 2**25 fp32 logits -> 667 tokens a chunk
-    assert loss_chunk_rows(8 * 256, v) == 667
-    assert loss_chunk_rows(100, v) == 100                  # a small batch: one chunk
-    assert loss_chunk_rows(64 * 1024, v) == 64 * 1024 // 16  # a huge one: at most 16 chunks
+class _VocabOps(TorchDispatchMode):
+    """Records the dtype of every (rows, vocab) tensor the ops create (views aside), and the
+    input dtypes of every matmul that involves the vocabulary."""
+
+    def __init__(self, vocab: int) -> None:
+        super().__init__()
+        self.vocab, self.created, self.matmuls = vocab, [], []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        vocab_sized = [t for t in (out if isinstance(out, (tuple, list)) else [out])
+                       if isinstance(t, torch.Tensor) and t.dim() == 2 and t.shape[-1] == self.vocab]
+        if func in (torch.ops.aten.mm.default, torch.ops.aten.addmm.default):
+            if any(isinstance(a, torch.Tensor) and self.vocab in a.shape for a in args):
+                self.matmuls.append(tuple(a.dtype for a in args if isinstance(a, torch.Tensor)))
+        elif not func._schema.name.endswith("_"):  # in place: no new tensor
+            self.created += [t.dtype for t in vocab_sized if not t._is_view()]
+        return out
+
+
+def test_the_bf16_loss_makes_one_fp32_buffer_a_chunk_and_bf16_matmuls():
+    """Issue 24: no fp32 copies of `g` and the LM head's weight gradient on bf16 tensor cores
+    (fp32 accumulation inside the matmul). Eager, a chunk creates its bf16 logits, one fp32
+    log-softmax (turned into `g` in place) and `g` in bf16; every matmul reads bf16."""
+    vocab, chunks = 512, 4
+    hidden = torch.randn(2, 64, 32, requires_grad=True)
+    weight = (torch.randn(vocab, 32) * 0.05).requires_grad_()
+    labels = torch.randint(0, vocab, (2, 64))
+    with torch.autocast("cpu", dtype=torch.bfloat16), _VocabOps(vocab) as ops:
+        lm_loss(hidden, weight, labels, chunk=2 * 64 // chunks).backward()
+    assert ops.created.count(torch.float32) == chunks  # the log-softmax, nothing else in fp32
+    assert ops.created.count(torch.bfloat16) == 2 * chunks  # the logits and g
+    assert len(ops.matmuls) == 3 * chunks  # logits, grad of hidden, grad of the weight
+    assert all(dtypes == (torch.bfloat16, torch.bfloat16) for dtypes in ops.matmuls), ops.matmuls
+    assert weight.grad.dtype == torch.float32 and hidden.grad.dtype == torch.float32
+
+
+def test_the_weight_gradient_keeps_fp32_accumulation_across_chunks():
+    """bf16 chunks, summed in fp32 and handed back to the fp32 weight without a bf16 round
+    trip: 16 chunks stay as close to an fp64 reference as one chunk does."""
+    torch.manual_seed(0)
+    hidden = torch.randn(4, 128, 64, requires_grad=True)
+    weight = (torch.randn(256, 64) * 0.05).requires_grad_()
+    labels = torch.randint(0, 256, (4, 128))
+    ref = torch.autograd.grad(_plain_loss(hidden.double().bfloat16().double(),
+                                          weight.double().bfloat16().double(), labels), weight)[0]
+    errors = {}
+    for chunks in (1, 16):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = lm_loss(hidden, weight, labels, chunk=4 * 128 // chunks)
+        gw = torch.autograd.grad(loss, weight)[0]
+        assert gw.dtype == torch.float32
+        errors[chunks] = ((gw.double() - ref).norm() / ref.norm()).item()
+    assert errors[1] < 1e-2 and errors[16] < 1e-2, errors
+    assert errors[16] < 2 * errors[1] + 1e-4, errors
+
+
+@pytest.mark.slow  # an inductor compile (~40 s on 2 cores)
+def test_the_compiled_loss_keeps_one_bf16_vocabulary_buffer_and_matches_eager():
+    """Compiled (as whole-model compile traces it), the fp32 log-softmax is fused into the
+    kernels that read the logits and write `g`: the generated code allocates one
+    vocabulary-sized buffer, in bf16, and no fp32 one; values and gradients equal eager's."""
+    from torch._inductor.utils import run_and_get_code
+
+    torch.manual_seed(0)
+    rows, vocab, d = 256, 1024, 64
+    hidden = torch.randn(2, rows // 2, d, requires_grad=True)
+    weight = (torch.randn(vocab, d) * 0.05).requires_grad_()
+    labels = torch.randint(0, vocab, (2, rows // 2))
+    labels[0, 3:7] = IGNORE_INDEX
+
+    def loss_and_grads(fn):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = fn(hidden, weight, labels, budget=10**9)  # one chunk
+        return (loss, *torch.autograd.grad(loss, (hidden, weight)))
+
+    torch._dynamo.reset()
+    try:
+        compiled, code = run_and_get_code(loss_and_grads, torch.compile(lm_loss))
+    finally:
+        torch._dynamo.reset()
+    eager = loss_and_grads(lm_loss)
+    buffers = re.findall(r"empty_strided_cpu\(\((\d+), (\d+)\), \([^)]*\), (torch\.\w+)\)", "\n".join(code))
+    vocab_sized = [dtype for _, columns, dtype in buffers if int(columns) == vocab]
+    assert vocab_sized == ["torch.bfloat16"], buffers
+    for c, e in zip(compiled, eager):
+        assert torch.allclose(c, e, rtol=1e-2, atol=1e-5)
+
+
+def test_the_chunk_count_is_the_fewest_the_budget_allows_and_bounded():
+    from training.loss import DEFAULT_LOSS_BUDGET, LOSS_MEMORY_SHARE, bytes_per_logit
+
+    v = 50304  # GPT-2's padded vocabulary
+    assert bytes_per_logit(2, compiled=True) == 4 and bytes_per_logit(2, compiled=False) == 8
+    # 128 MiB at 8 bytes a logit: 333 rows fit, so 2,048 rows take 7 chunks of 293
+    assert loss_chunk_rows(8 * 256, v, DEFAULT_LOSS_BUDGET, 8) == 293
+    assert loss_chunk_rows(100, v) == 100                            # a small batch: one chunk
+    assert loss_chunk_rows(64 * 1024, v, 2**20, 4) == 64 * 1024 // 16  # at most 16 chunks
+    # an H200 (141 GB) and its 512 x 256 micro-batch, compiled: two chunks; a T4's 32 x 256: one
+    h200, t4 = int(150_000_000_000 * LOSS_MEMORY_SHARE), int(16 * 2**30 * LOSS_MEMORY_SHARE)
+    assert loss_chunk_rows(512 * 256, v, h200, 4) == 512 * 256 // 2
+    assert loss_chunk_rows(32 * 256, v, t4, 4) == 32 * 256
 
 
 def test_compile_auto_means_on_cuda_only_and_the_cache_follows_the_storage(tmp_path):
