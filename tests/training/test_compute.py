@@ -359,3 +359,114 @@ def test_the_second_start_reuses_the_mega_cache_beside_the_checkpoints(tmp_path)
     assert second["fxgraph_cache_miss"] == 0 and second["fxgraph_cache_hit"] > 0
     assert second["losses"] == first["losses"]
     assert (run_dir / "compile-cache.bin").stat().st_size > 0
+
+
+# --- the compiled layouts: whole model (one GPU, DDP) and per block (FSDP2) -----------------------
+
+class _Recorder:
+    """A torch.compile backend that runs the captured graphs eagerly and counts, per graph,
+    the attention calls it holds (one per GPT2Block) and how often it runs."""
+
+    def __init__(self) -> None:
+        self.graphs: list[dict] = []
+
+    def __call__(self, gm, example_inputs):
+        graph = {"attention": sum("scaled_dot_product" in str(n.target) for n in gm.graph.nodes),
+                 "runs": 0}
+        self.graphs.append(graph)
+
+        def run(*args):
+            graph["runs"] += 1
+            return gm.forward(*args)
+        return run
+
+    def attention_calls(self) -> int:
+        """Blocks that ran compiled: attention calls inside compiled graphs, all runs."""
+        return sum(g["attention"] * g["runs"] for g in self.graphs)
+
+
+def _twelve_layers():
+    cfg = gpt2_config("tiny", VOCAB, EOT, BLOCK)
+    cfg.n_layer = 12
+    torch.manual_seed(0)
+    return build_model(cfg)
+
+
+def _micro_batches(model, steps=2, accum=3):
+    """`steps` optimizer steps' forward/backward of `accum` micro-batches each."""
+    for _ in range(steps * accum):
+        x = torch.randint(0, VOCAB, (2, BLOCK))
+        model(input_ids=x, labels=x).loss.backward()
+    return steps * accum
+
+
+@pytest.fixture
+def _process_group():
+    import socket
+
+    import torch.distributed as dist
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    torch._dynamo.reset()
+    try:
+        yield
+    finally:
+        torch._dynamo.reset()
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("layout", ["single", "ddp"])
+def test_the_whole_model_and_loss_compile_as_one_region_without_recompiles(layout, _process_group):
+    """One GPU and DDP: one graph holds all 12 blocks and the loss; no graph breaks; 6
+    micro-batches over 2 steps compile once (any recompile raises). Under DDP the graph is
+    split at DDP's bucket boundaries (DDPOptimizer), and the pieces still hold every block.
+    The parameter names do not change (checkpoints stay loadable)."""
+    from torch._dynamo.utils import counters
+    from torch.nn.parallel import DistributedDataParallel
+
+    from training.compiling import compile_model
+
+    model = _twelve_layers()
+    names = [n for n, _ in model.named_parameters()]
+    recorder = _Recorder()
+    compile_model(model, backend=recorder)
+    if layout == "ddp":
+        model = DistributedDataParallel(model, bucket_cap_mb=1)  # ~10 MB of gradients: several buckets
+    counters.clear()
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        runs = _micro_batches(model)
+    assert not counters["graph_break"], dict(counters["graph_break"])
+    assert sum(g["attention"] for g in recorder.graphs) == 12  # every block, compiled once
+    assert recorder.attention_calls() == 12 * runs              # ... and run compiled each time
+    if layout == "single":
+        assert len(recorder.graphs) == 1 and counters["stats"]["unique_graphs"] == 1
+        assert [n for n, _ in model.named_parameters()] == names
+    else:
+        assert len(recorder.graphs) > 1  # DDPOptimizer's split: all-reduces overlap backward
+        assert [n.removeprefix("module.") for n, _ in model.named_parameters()] == names
+
+
+def test_fsdp2_compiles_each_block_and_the_loss_without_recompiles(_process_group):
+    """FSDP2: every GPT2Block compiled (one shared graph, run 12 times a micro-batch), the loss
+    in a graph of its own, FSDP2's hooks outside the graphs; no recompiles, no graph breaks."""
+    from torch._dynamo.utils import counters
+
+    from training.compiling import compile_model
+    from training.parallel import shard_fsdp
+    from training.precision import choose_precision
+
+    model = _twelve_layers()
+    names = [n for n, _ in model.named_parameters()]
+    recorder = _Recorder()
+    compile_model(model, per_block=True, backend=recorder)
+    model = shard_fsdp(model, choose_precision("bf16", "cpu", False))
+    counters.clear()
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        runs = _micro_batches(model)
+    assert not counters["graph_break"], dict(counters["graph_break"])
+    assert sorted(g["attention"] for g in recorder.graphs) == [0, 1]  # the loss, one block
+    assert recorder.attention_calls() == 12 * runs
+    assert [n for n, _ in model.named_parameters()] == names
