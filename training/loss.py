@@ -115,10 +115,9 @@ def _chunk_loss(logits, safe, valid, acc, want_grad: bool):
         sums = x.sum(dim=-1, keepdim=True)
         lse = (top + sums.log())[:, 0]
         g = None
-        if want_grad:
-            g = x.div_(sums)                   # the softmax, in place
-            g.scatter_add_(1, safe, torch.full_like(safe, -1, dtype=acc))
-            g.mul_(valid[:, None])
+        if want_grad:  # in place: the softmax (ignored rows zeroed), then - one_hot(target)
+            g = x.mul_(valid[:, None] / sums)
+            g.scatter_add_(1, safe, -valid[:, None].to(acc))
     loss = torch.where(valid, lse - picked, 0.0).sum()
     return loss, (None if g is None else g.to(dtype))
 
