@@ -80,7 +80,7 @@ def largest_logits() -> tuple[int, int]:
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             out = func(*args, **(kwargs or {}))
             for t in out if isinstance(out, (tuple, list)) else [out]:
-                if isinstance(t, torch.Tensor) and t.dim() and t.shape[-1] == vocab:
+                if isinstance(t, torch.Tensor) and t.dim() and t.shape[-1] == vocab and not func.is_view:
                     self.bytes = max(self.bytes, t.numel() * t.element_size())
             return out
 
@@ -139,7 +139,7 @@ def loss_traffic(rows: int = 64 * 256, vocab: int = 50304, d: int = 768) -> dict
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             out = func(*args, **(kwargs or {}))
             outs = out if isinstance(out, (tuple, list)) else [out]
-            if any(isinstance(t, torch.Tensor) and t._is_view() for t in outs):
+            if func.is_view:
                 return out  # a view moves nothing
             tensors = [a for a in (*args, *(kwargs or {}).values()) if isinstance(a, torch.Tensor)]
             if func is torch.ops.aten.scatter_add_.default:  # touches the indexed entries only
