@@ -129,7 +129,7 @@ def loss_traffic(rows: int = 64 * 256, vocab: int = 50304, d: int = 768) -> dict
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    from training.loss import DEFAULT_LOSS_BUDGET, lm_loss
+    from training.loss import DEFAULT_LOSS_BUDGET, bytes_per_logit, lm_loss, loss_chunk_rows
 
     class Traffic(TorchDispatchMode):
         def __init__(self) -> None:
@@ -169,7 +169,7 @@ def loss_traffic(rows: int = 64 * 256, vocab: int = 50304, d: int = 768) -> dict
         w.requires_grad_()
         with Traffic() as after:
             lm_loss(h.reshape(rows // 256, 256, d), w, y, budget=budget).backward()
-        chunks = -(-rows // __import__("training.loss", fromlist=["x"]).loss_chunk_rows(rows, vocab, budget, 8))
+        chunks = -(-rows // loss_chunk_rows(rows, vocab, budget, bytes_per_logit(2, compiled=False)))
         out[f"after ({label}: {chunks} chunk{'s' if chunks > 1 else ''})"] = {
             "bytes": after.bytes, "flops": after.flops}
     return out

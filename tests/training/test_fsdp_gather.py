@@ -10,19 +10,14 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 
 import pytest
+
+from tests.support.kuberay_standin import free_port
 
 torch = pytest.importorskip("torch")
 
 VOCAB, EOT, BLOCK, MICRO, ACCUM, STEPS = 257, 256, 16, 2, 4, 2
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _worker(rank: int, world: int, port: int, out: str) -> None:
@@ -82,7 +77,7 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
 def test_fsdp2_gathers_each_unit_once_per_optimizer_step(tmp_path):
     import torch.multiprocessing as mp
 
-    mp.start_processes(_worker, args=(2, _free_port(), str(tmp_path)), nprocs=2, join=True,
+    mp.start_processes(_worker, args=(2, free_port(), str(tmp_path)), nprocs=2, join=True,
                        start_method="spawn")
     for rank in range(2):
         r = json.loads((tmp_path / f"rank{rank}.json").read_text())
