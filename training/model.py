@@ -17,8 +17,9 @@ GELU: `gelu_pytorch_tanh`, the same tanh approximation as GPT-2's `gelu_new` but
 kernel (`F.gelu(approximate="tanh")`) instead of a chain of Python-level ops whose `pow` CUDA
 autocast runs in fp32 over the whole tokens x 3072 activation.
 
-Loss: `training.loss.lm_loss`, a chunked cross-entropy that never holds the fp32 logits of the
-whole micro-batch (`model(input_ids=x, labels=x).loss`, see `model_class`).
+Loss: `training.loss.lm_loss`, a fused linear cross-entropy (bf16 matmuls, fp32 softmax, its
+gradients computed in the forward, chunk by chunk) that never holds the micro-batch's fp32
+logits (`model(input_ids=x, labels=x).loss`, see `model_class`).
 """
 
 from __future__ import annotations
