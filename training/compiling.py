@@ -1,14 +1,25 @@
-"""`--compile auto|on|off`: torch.compile for the transformer blocks and the loss, with the
-compiler's cache on the run's storage.
+"""`--compile auto|on|off`: torch.compile for the model and its loss, with the compiler's
+cache on the run's storage.
 
-What is compiled: every GPT2Block's `forward` (all blocks share one graph: the same code and
-shapes; 12 blocks compile as fast as one) and the loss (`training.loss.lm_loss`, its chunk loop
-unrolled into one graph). The blocks' `forward`, not the module call: FSDP2's hooks (gather a
-block's parameters before it, free them after) and DDP's gradient hooks stay outside the
-graphs, so compile works the same for one GPU, DDP and FSDP2, and the parameter names (and so
-the checkpoints) do not change. The embeddings and the final LayerNorm stay eager (a few
-small kernels). Compilation is lazy: the first step pays it; `compile_seconds` says how long,
-and the first progress event of every start carries it (`compile_s`).
+What is compiled (`compile_model`), by layout:
+- one GPU and DDP: the whole model and the loss as ONE region (`model.compile()`, as nanoGPT
+  compiles its model): embeddings, the 12 blocks, `ln_f` and the fused loss
+  (`training.loss.lm_loss`, traced inline) in one graph, so inductor fuses across block
+  boundaries and the loss's log-softmax into the kernels around the LM-head matmuls. It is
+  compiled in place before DDP wraps the model: DDP then calls the compiled module, and dynamo,
+  seeing the call inside DDP's forward, splits the graph at DDP's bucket boundaries
+  (DDPOptimizer) so each bucket's all-reduce still starts while backward runs.
+- FSDP2: per block (`block.compile()` on every GPT2Block, the torchtitan pattern) and the loss
+  on its own; FSDP2's hooks (gather a block's parameters before it, free them after) stay
+  outside the graphs (dynamo skips them), all blocks share one graph (the same code and
+  shapes), and the embeddings and `ln_f` stay eager.
+`nn.Module.compile` compiles in place: the parameter names (and so the checkpoints) do not
+change (`torch.compile(model)` would prefix them with `_orig_mod.`). Shapes are static (every
+micro-batch has the same shape): the graphs compile once, at the first step; evaluation
+(`no_grad`, `eval()`) compiles once more. tests/training/test_compute.py counts the graphs,
+recompiles and the blocks that run compiled for both layouts on a 12-layer model.
+Compilation is lazy: the first step pays it; `compile_seconds` says how long, and the first
+progress event of every start carries it (`compile_s`).
 
 The cache: inductor's FX-graph and AOTAutograd caches turn a restart's compile from tens of
 seconds into a few. Where they live:
@@ -68,15 +79,23 @@ def _blocks(model: Any) -> list[Any]:
     return [m for m in model.modules() if isinstance(m, GPT2Block)]
 
 
-def compile_model(model: Any) -> Any:
-    """Compile the blocks' forward and the loss in place (before DDP/FSDP wrap the model)."""
+def compile_model(model: Any, *, per_block: bool = False, backend: str = "inductor") -> Any:
+    """Compile `model` in place, before DDP/FSDP wrap it (see the module docstring): the
+    whole model and loss as one region, or with `per_block` (FSDP2) each block and the loss.
+    `backend`: torch.compile's (tests use a recording one). The loss's memory budget is fixed
+    here, from the card, so that tracing reads it as a constant."""
     import torch
 
-    from training.loss import lm_loss
+    from training.loss import lm_loss, loss_budget_bytes
 
-    for block in _blocks(model):
-        block.forward = torch.compile(block.forward)
-    model.loss_fn = torch.compile(lm_loss)
+    if getattr(model, "loss_budget", 0) is None:
+        model.loss_budget = loss_budget_bytes()
+    if per_block:
+        for block in _blocks(model):
+            block.compile(backend=backend)
+        model.loss_fn = torch.compile(lm_loss, backend=backend)
+    else:
+        model.compile(backend=backend)
     return model
 
 

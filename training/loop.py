@@ -204,7 +204,7 @@ def train_func(loop_config: dict[str, Any]) -> None:
     if compile_enabled(cfg.compile, device.type, capability):  # before DDP/FSDP wrap the model
         compile_cache = CompileCache(join(cfg.storage_path, cfg.run_name), rank)
         compile_facts = compile_cache.open()
-        model = compile_model(model)
+        model = compile_model(model, per_block=cfg.fsdp)  # FSDP2: per block (torchtitan)
     model, worker_facts = wrap_model(model, fsdp=cfg.fsdp, precision=precision,
                                      world=world, device=device)
     worker_facts["compile"] = compile_cache is not None

@@ -17,8 +17,9 @@ GELU: `gelu_pytorch_tanh`, the same tanh approximation as GPT-2's `gelu_new` but
 kernel (`F.gelu(approximate="tanh")`) instead of a chain of Python-level ops whose `pow` CUDA
 autocast runs in fp32 over the whole tokens x 3072 activation.
 
-Loss: `training.loss.lm_loss`, a chunked cross-entropy that never holds the fp32 logits of the
-whole micro-batch (`model(input_ids=x, labels=x).loss`, see `model_class`).
+Loss: `training.loss.lm_loss`, a fused linear cross-entropy (bf16 matmuls, fp32 softmax, its
+gradients computed in the forward, chunk by chunk) that never holds the micro-batch's fp32
+logits (`model(input_ids=x, labels=x).loss`, see `model_class`).
 """
 
 from __future__ import annotations
@@ -92,18 +93,25 @@ def model_class():
     from transformers import GPT2LMHeadModel
     from transformers.modeling_outputs import CausalLMOutputWithCrossAttentions
 
-    from training.loss import lm_loss
+    import torch
+
+    from training.loss import lm_loss, loss_budget_bytes
 
     class GPT2Pretraining(GPT2LMHeadModel):
-        #: the loss function; training.compiling swaps in a compiled one
+        #: the loss function; training.compiling swaps in a compiled one for per-block compile
         loss_fn = staticmethod(lm_loss)
+        #: bytes the loss's chunk buffers may use (training.loss.loss_budget_bytes); None: not
+        #: decided yet (set on the first eager CUDA call, or by training.compiling before tracing)
+        loss_budget = None
 
         def forward(self, input_ids=None, labels=None, **kwargs):
             if labels is None or kwargs:
                 return super().forward(input_ids=input_ids, labels=labels, **kwargs)
             hidden = self.transformer(input_ids).last_hidden_state
+            if self.loss_budget is None and hidden.is_cuda and not torch.compiler.is_compiling():
+                self.loss_budget = loss_budget_bytes(hidden.device)
             return CausalLMOutputWithCrossAttentions(
-                loss=self.loss_fn(hidden, self.lm_head.weight, labels))
+                loss=self.loss_fn(hidden, self.lm_head.weight, labels, budget=self.loss_budget))
 
     _MODEL_CLASS.append(GPT2Pretraining)
     return GPT2Pretraining

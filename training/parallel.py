@@ -26,6 +26,16 @@ the last one. That memory (one full gradient per worker, 0.5 GB for gpt2-small i
 price of dividing the gradient traffic by the accumulation steps: with ~0.5 M tokens per step
 (submitter.contract.batch) it is what makes 8 pods scale. tests/training/test_grad_sync.py
 counts the collectives over gloo.
+FSDP2 also gathers the parameters once per optimizer step where memory allows (`gather_once`:
+the unsharded parameters in the compute dtype take at most GATHER_ONCE_SHARE of the card; 250 MB
+for gpt2-small): during a step's micro-batches the blocks keep their gathered parameters after
+forward (no second all-gather in backward) and after backward (none in the next micro-batch's
+forward), and reshard after the last backward, before the optimizer steps on the shards
+(`set_reshard_after_forward` / `set_reshard_after_backward`, the way torchtitan trades memory
+for communication under accumulation). Outside a step (evaluation, checkpoints) FSDP2's own
+defaults hold. Per step: one all-gather per FSDP unit instead of two per micro-batch; on one
+GPU, where the "all-gather" is a copy in and out, it removes 2 x accumulation - 1 of those
+copies of the model a step. tests/training/test_fsdp_gather.py counts them.
 
 DDP on CUDA: gradients are all-reduced in bf16 (`bf16_compress_hook`; fp16 on GPUs without
 native bf16), halving the bytes of the step's dominant communication; `gradient_as_bucket_view`
@@ -36,7 +46,7 @@ avoids a copy. `--precision fp32` keeps fp32 all-reduces and turns TF32 off
 from __future__ import annotations
 
 import contextlib
-from typing import Any, ContextManager, Optional
+from typing import Any, ContextManager, Iterator, Optional
 
 from training.precision import Precision, bf16_native, configure_matmul
 
@@ -57,16 +67,34 @@ def enable_tf32(device_type: str) -> bool:
     return configure_matmul(Precision("bf16", "bf16", "mixed precision"), device_type)
 
 
+#: The share of a GPU's memory the unsharded parameters may take for FSDP2 to keep them
+#: gathered across a step's micro-batches (see the module docstring).
+GATHER_ONCE_SHARE = 1 / 8
+
+
+def gather_once_fits(params: int, itemsize: int, device_memory: Optional[int]) -> bool:
+    """Whether the whole model's unsharded parameters (`params` x `itemsize` bytes) fit
+    GATHER_ONCE_SHARE of `device_memory` (None: a CPU run, where memory is not the limit)."""
+    return device_memory is None or params * itemsize <= GATHER_ONCE_SHARE * device_memory
+
+
 def shard_fsdp(model: Any, precision: Precision) -> Any:
-    """FSDP2: one unit per GPT2Block, then the root; see the module docstring."""
+    """FSDP2: one unit per GPT2Block, then the root; see the module docstring. Sets
+    `model.gather_once` (read by `gradient_sync`)."""
     import torch
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     dtype = precision.dtype()
     mp = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32 if dtype else None)
+    first = next(model.parameters())
+    memory = torch.cuda.get_device_properties(first.device).total_memory if first.is_cuda else None
+    itemsize = (dtype or first.dtype).itemsize
     for block in _blocks(model):
         fully_shard(block, mp_policy=mp)
     fully_shard(model, mp_policy=mp)
+    model.gather_once = (hasattr(model, "set_reshard_after_forward")
+                         and gather_once_fits(sum(p.numel() for p in model.parameters()),
+                                              itemsize, memory))
     return model
 
 
@@ -113,14 +141,30 @@ def wrap_model(model: Any, *, fsdp: bool, precision: Precision, world: int, devi
 def gradient_sync(model: Any, sync: bool) -> ContextManager[Any]:
     """The context one micro-batch's forward and backward run in: gradients are communicated
     only when `sync` (the last micro-batch of an optimizer step). DDP: `no_sync()` on the
-    others; FSDP2: `set_requires_gradient_sync(sync)` (FSDP2 modules have no `no_sync`);
+    others; FSDP2: `set_requires_gradient_sync(sync)` (FSDP2 modules have no `no_sync`), and
+    with `gather_once` the parameters stay gathered until the last backward (`_gathered`);
     one process: nothing to skip."""
     if is_fsdp(model):
         model.set_requires_gradient_sync(sync)
-        return contextlib.nullcontext()
+        return _gathered(model, sync) if getattr(model, "gather_once", False) else contextlib.nullcontext()
     if not sync and hasattr(model, "no_sync"):
         return model.no_sync()
     return contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def _gathered(model: Any, last: bool) -> Iterator[None]:
+    """One micro-batch of a step with the parameters kept gathered: no reshard after forward;
+    after backward only on the `last` micro-batch, which then restores FSDP2's defaults
+    (blocks reshard after forward, the root does not) for whatever runs outside a step."""
+    model.set_reshard_after_forward(False)
+    model.set_reshard_after_backward(last)
+    try:
+        yield
+    finally:
+        if last:
+            model.set_reshard_after_forward(True)
+            model.set_reshard_after_forward(False, recurse=False)
 
 
 def is_fsdp(model: Any) -> bool:

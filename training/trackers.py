@@ -40,7 +40,7 @@ from typing import Any, Callable, Iterable, Mapping, Optional
 
 from submitter.contract.errors import UsageError
 from submitter.contract.tracking import tracker_env_problem
-from submitter.contract.flops import peak_for
+from submitter.contract.flops import mfu, peak_for, preset_flops_per_token
 from training.object_store import split_uri
 from training.run_identity import RUN_FILE, is_local, join, read_json
 
@@ -122,7 +122,7 @@ def peak_tflops(gpu: Optional[str]) -> Optional[float]:
 def points_of(event: Mapping[str, Any], facts: Mapping[str, Any],
               world_size: Optional[int]) -> list[tuple[int, dict[str, float]]]:
     """The metric points in one event: [(step, {name: value})]. `facts` are run_started's
-    fields (params, gpu: for MFU); `world_size` the group training now."""
+    fields (model, params, block_size, gpu: for MFU); `world_size` the group training now."""
     etype, step = event.get("type"), event.get("step")
     if not isinstance(step, int) or isinstance(step, bool):
         return []
@@ -136,8 +136,11 @@ def points_of(event: Mapping[str, Any], facts: Mapping[str, Any],
             values["train/workers"] = float(world_size)
         peak, params, tok_s = peak_tflops(facts.get("gpu")), facts.get("params"), \
             event.get("tokens_per_sec")
-        if peak and isinstance(params, int) and isinstance(tok_s, (int, float)) and world_size:
-            values["train/mfu"] = 6.0 * params * tok_s / (world_size * peak * 1e12)
+        block = facts.get("block_size")
+        per_token = preset_flops_per_token(str(facts.get("model")), params, block) \
+            if isinstance(params, int) and isinstance(block, int) else None
+        if peak and per_token and isinstance(tok_s, (int, float)) and world_size:
+            values["train/mfu"] = mfu(tok_s / world_size, per_token, peak)  # submitter.contract.flops
     return [(step, values)] if values else []
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -120,11 +121,108 @@ def test_no_more_than_one_chunk_of_logits_exists_at_a_time():
     assert chunked.largest == 64 * vocab
 
 
-def test_the_chunk_size_is_bounded_by_memory_and_by_the_unrolled_chunk_count():
-    v = 50304  # GPT-2's padded vocabulary: 2**25 fp32 logits -> 667 tokens a chunk
-    assert loss_chunk_rows(8 * 256, v) == 667
-    assert loss_chunk_rows(100, v) == 100                  # a small batch: one chunk
-    assert loss_chunk_rows(64 * 1024, v) == 64 * 1024 // 16  # a huge one: at most 16 chunks
+class _VocabOps(TorchDispatchMode):
+    """Records the dtype of every (rows, vocab) tensor the ops create (views aside), and the
+    input dtypes of every matmul that involves the vocabulary."""
+
+    def __init__(self, vocab: int) -> None:
+        super().__init__()
+        self.vocab, self.created, self.matmuls = vocab, [], []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        vocab_sized = [t for t in (out if isinstance(out, (tuple, list)) else [out])
+                       if isinstance(t, torch.Tensor) and t.dim() == 2 and t.shape[-1] == self.vocab]
+        if func in (torch.ops.aten.mm.default, torch.ops.aten.addmm.default):
+            if any(isinstance(a, torch.Tensor) and self.vocab in a.shape for a in args):
+                self.matmuls.append(tuple(a.dtype for a in args if isinstance(a, torch.Tensor)))
+        elif not func._schema.name.endswith("_"):  # in place: no new tensor
+            self.created += [t.dtype for t in vocab_sized if not func.is_view]
+        return out
+
+
+def test_the_bf16_loss_makes_one_fp32_buffer_a_chunk_and_bf16_matmuls():
+    """Issue 24: no fp32 copies of `g` and the LM head's weight gradient on bf16 tensor cores
+    (fp32 accumulation inside the matmul). Eager, a chunk creates its bf16 logits, one fp32
+    log-softmax (turned into `g` in place) and `g` in bf16; every matmul reads bf16."""
+    vocab, chunks = 512, 4
+    hidden = torch.randn(2, 64, 32, requires_grad=True)
+    weight = (torch.randn(vocab, 32) * 0.05).requires_grad_()
+    labels = torch.randint(0, vocab, (2, 64))
+    with torch.autocast("cpu", dtype=torch.bfloat16), _VocabOps(vocab) as ops:
+        lm_loss(hidden, weight, labels, chunk=2 * 64 // chunks).backward()
+    assert ops.created.count(torch.float32) == chunks  # the log-softmax, nothing else in fp32
+    assert ops.created.count(torch.bfloat16) == chunks  # g (the logits come out of a matmul)
+    assert len(ops.matmuls) == 3 * chunks  # logits, grad of hidden, grad of the weight
+    assert all(dtypes == (torch.bfloat16, torch.bfloat16) for dtypes in ops.matmuls), ops.matmuls
+    assert weight.grad.dtype == torch.float32 and hidden.grad.dtype == torch.float32
+
+
+def test_the_weight_gradient_keeps_fp32_accumulation_across_chunks():
+    """bf16 chunks, summed in fp32 and handed back to the fp32 weight without a bf16 round
+    trip: 16 chunks stay as close to an fp64 reference as one chunk does."""
+    torch.manual_seed(0)
+    hidden = torch.randn(4, 128, 64, requires_grad=True)
+    weight = (torch.randn(256, 64) * 0.05).requires_grad_()
+    labels = torch.randint(0, 256, (4, 128))
+    ref = torch.autograd.grad(_plain_loss(hidden.double().bfloat16().double(),
+                                          weight.double().bfloat16().double(), labels), weight)[0]
+    errors = {}
+    for chunks in (1, 16):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = lm_loss(hidden, weight, labels, chunk=4 * 128 // chunks)
+        gw = torch.autograd.grad(loss, weight)[0]
+        assert gw.dtype == torch.float32
+        errors[chunks] = ((gw.double() - ref).norm() / ref.norm()).item()
+    assert errors[1] < 1e-2 and errors[16] < 1e-2, errors
+    assert errors[16] < 2 * errors[1] + 1e-4, errors
+
+
+@pytest.mark.slow  # an inductor compile (~40 s on 2 cores)
+def test_the_compiled_loss_keeps_one_bf16_vocabulary_buffer_and_matches_eager():
+    """Compiled (as whole-model compile traces it), the fp32 log-softmax is fused into the
+    kernels that read the logits and write `g`: the generated code allocates one
+    vocabulary-sized buffer, in bf16, and no fp32 one; values and gradients equal eager's."""
+    from torch._inductor.utils import run_and_get_code
+
+    torch.manual_seed(0)
+    rows, vocab, d = 256, 1024, 64
+    hidden = torch.randn(2, rows // 2, d, requires_grad=True)
+    weight = (torch.randn(vocab, d) * 0.05).requires_grad_()
+    labels = torch.randint(0, vocab, (2, rows // 2))
+    labels[0, 3:7] = IGNORE_INDEX
+
+    def loss_and_grads(fn):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = fn(hidden, weight, labels, budget=10**9)  # one chunk
+        return (loss, *torch.autograd.grad(loss, (hidden, weight)))
+
+    torch._dynamo.reset()
+    try:
+        compiled, code = run_and_get_code(loss_and_grads, torch.compile(lm_loss))
+    finally:
+        torch._dynamo.reset()
+    eager = loss_and_grads(lm_loss)
+    buffers = re.findall(r"empty_strided_cpu\(\((\d+), (\d+)\), \([^)]*\), (torch\.\w+)\)", "\n".join(code))
+    vocab_sized = [dtype for _, columns, dtype in buffers if int(columns) == vocab]
+    assert vocab_sized == ["torch.bfloat16"], buffers
+    for c, e in zip(compiled, eager):
+        assert torch.allclose(c, e, rtol=1e-2, atol=1e-5)
+
+
+def test_the_chunk_count_is_the_fewest_the_budget_allows_and_bounded():
+    from training.loss import DEFAULT_LOSS_BUDGET, LOSS_MEMORY_SHARE, bytes_per_logit
+
+    v = 50304  # GPT-2's padded vocabulary
+    assert bytes_per_logit(2, compiled=True) == 4 and bytes_per_logit(2, compiled=False) == 8
+    # 128 MiB at 8 bytes a logit: 333 rows fit, so 2,048 rows take 7 chunks of 293
+    assert loss_chunk_rows(8 * 256, v, DEFAULT_LOSS_BUDGET, 8) == 293
+    assert loss_chunk_rows(100, v) == 100                            # a small batch: one chunk
+    assert loss_chunk_rows(64 * 1024, v, 2**20, 4) == 64 * 1024 // 16  # at most 16 chunks
+    # an H200 (141 GB) and its 512 x 256 micro-batch, compiled: two chunks; a T4's 32 x 256: one
+    h200, t4 = int(150_000_000_000 * LOSS_MEMORY_SHARE), int(16 * 2**30 * LOSS_MEMORY_SHARE)
+    assert loss_chunk_rows(512 * 256, v, h200, 4) == 512 * 256 // 2
+    assert loss_chunk_rows(32 * 256, v, t4, 4) == 32 * 256
 
 
 def test_compile_auto_means_on_cuda_only_and_the_cache_follows_the_storage(tmp_path):
@@ -261,3 +359,114 @@ def test_the_second_start_reuses_the_mega_cache_beside_the_checkpoints(tmp_path)
     assert second["fxgraph_cache_miss"] == 0 and second["fxgraph_cache_hit"] > 0
     assert second["losses"] == first["losses"]
     assert (run_dir / "compile-cache.bin").stat().st_size > 0
+
+
+# --- the compiled layouts: whole model (one GPU, DDP) and per block (FSDP2) -----------------------
+
+class _Recorder:
+    """A torch.compile backend that runs the captured graphs eagerly and counts, per graph,
+    the attention calls it holds (one per GPT2Block) and how often it runs."""
+
+    def __init__(self) -> None:
+        self.graphs: list[dict] = []
+
+    def __call__(self, gm, example_inputs):
+        graph = {"attention": sum("scaled_dot_product" in str(n.target) for n in gm.graph.nodes),
+                 "runs": 0}
+        self.graphs.append(graph)
+
+        def run(*args):
+            graph["runs"] += 1
+            return gm.forward(*args)
+        return run
+
+    def attention_calls(self) -> int:
+        """Blocks that ran compiled: attention calls inside compiled graphs, all runs."""
+        return sum(g["attention"] * g["runs"] for g in self.graphs)
+
+
+def _twelve_layers():
+    cfg = gpt2_config("tiny", VOCAB, EOT, BLOCK)
+    cfg.n_layer = 12
+    torch.manual_seed(0)
+    return build_model(cfg)
+
+
+def _micro_batches(model, steps=2, accum=3):
+    """`steps` optimizer steps' forward/backward of `accum` micro-batches each."""
+    for _ in range(steps * accum):
+        x = torch.randint(0, VOCAB, (2, BLOCK))
+        model(input_ids=x, labels=x).loss.backward()
+    return steps * accum
+
+
+@pytest.fixture
+def _process_group():
+    import socket
+
+    import torch.distributed as dist
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    torch._dynamo.reset()
+    try:
+        yield
+    finally:
+        torch._dynamo.reset()
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("layout", ["single", "ddp"])
+def test_the_whole_model_and_loss_compile_as_one_region_without_recompiles(layout, _process_group):
+    """One GPU and DDP: one graph holds all 12 blocks and the loss; no graph breaks; 6
+    micro-batches over 2 steps compile once (any recompile raises). Under DDP the graph is
+    split at DDP's bucket boundaries (DDPOptimizer), and the pieces still hold every block.
+    The parameter names do not change (checkpoints stay loadable)."""
+    from torch._dynamo.utils import counters
+    from torch.nn.parallel import DistributedDataParallel
+
+    from training.compiling import compile_model
+
+    model = _twelve_layers()
+    names = [n for n, _ in model.named_parameters()]
+    recorder = _Recorder()
+    compile_model(model, backend=recorder)
+    if layout == "ddp":
+        model = DistributedDataParallel(model, bucket_cap_mb=1)  # ~10 MB of gradients: several buckets
+    counters.clear()
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        runs = _micro_batches(model)
+    assert not counters["graph_break"], dict(counters["graph_break"])
+    assert sum(g["attention"] for g in recorder.graphs) == 12  # every block, compiled once
+    assert recorder.attention_calls() == 12 * runs              # ... and run compiled each time
+    if layout == "single":
+        assert len(recorder.graphs) == 1 and counters["stats"]["unique_graphs"] == 1
+        assert [n for n, _ in model.named_parameters()] == names
+    else:
+        assert len(recorder.graphs) > 1  # DDPOptimizer's split: all-reduces overlap backward
+        assert [n.removeprefix("module.") for n, _ in model.named_parameters()] == names
+
+
+def test_fsdp2_compiles_each_block_and_the_loss_without_recompiles(_process_group):
+    """FSDP2: every GPT2Block compiled (one shared graph, run 12 times a micro-batch), the loss
+    in a graph of its own, FSDP2's hooks outside the graphs; no recompiles, no graph breaks."""
+    from torch._dynamo.utils import counters
+
+    from training.compiling import compile_model
+    from training.parallel import shard_fsdp
+    from training.precision import choose_precision
+
+    model = _twelve_layers()
+    names = [n for n, _ in model.named_parameters()]
+    recorder = _Recorder()
+    compile_model(model, per_block=True, backend=recorder)
+    model = shard_fsdp(model, choose_precision("bf16", "cpu", False))
+    counters.clear()
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        runs = _micro_batches(model)
+    assert not counters["graph_break"], dict(counters["graph_break"])
+    assert sorted(g["attention"] for g in recorder.graphs) == [0, 1]  # the loss, one block
+    assert recorder.attention_calls() == 12 * runs
+    assert [n for n, _ in model.named_parameters()] == names

@@ -45,7 +45,8 @@ def _session(em: Emitter, steps: list[int], *, start: bool = True, world: int = 
              export_dir: str | None = None) -> None:
     if start:
         em.emit("run_started", run_name="demo", num_workers=world, storage_path="x",
-                params=124_000_000, gpu="NVIDIA H100 80GB HBM3")
+                params=124_000_000, gpu="NVIDIA H100 80GB HBM3", model="gpt2-small",
+                block_size=256)
     em.worker_group_started(None, epoch=1, step=steps[0] - 1, world_size=world)
     for s in steps:
         em.emit("progress", epoch=1, step=s, loss=loss0 - s / 100, tokens_per_sec=1000.0 + s,
@@ -72,8 +73,10 @@ def test_tensorboard_writes_every_metric_with_the_step_as_global_step(tmp_path):
                 "train/workers", "train/mfu"):
         assert [s for s, _ in scalars[tag]] == [1, 10, 20], tag
     assert scalars["train/workers"][0][1] == 2
-    # MFU: 6 x params x tokens/s over the workers' peak (H100: 989 TFLOP/s)
-    assert scalars["train/mfu"][0][1] == pytest.approx(6 * 124e6 * 1001 / (2 * 989e12), rel=1e-4)
+    # MFU: (6 x params + 12 x layers x width x block) x tokens/s over the workers' peak (H100:
+    # 989 TFLOP/s): submitter.contract.flops, the smoke run's and the scaling model's count
+    per_token = 6 * 124e6 + 12 * 12 * 768 * 256
+    assert scalars["train/mfu"][0][1] == pytest.approx(per_token * 1001 / (2 * 989e12), rel=1e-4)
     assert scalars["val/loss"] == [(20, pytest.approx(4.2))]
 
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
