@@ -9,7 +9,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from submitter.contract.spec import accumulation_steps
 from training.config import TrainConfig
 from training.precision import choose_precision
 
@@ -65,10 +64,12 @@ def plan_run(cfg: TrainConfig, corpus: Any, tok_spec: Any, block: int,
 
     check_gpus_here(cfg.use_gpu, cfg.num_workers)
     probe = probe_gpu_node() if cfg.use_gpu else None
-    accum = accumulation_steps(cfg.resolved_global_batch_size, cfg.num_workers, cfg.micro_batch_size)
-    micro = cfg.micro_batch_size * cfg.num_workers
+    # the step of the largest group as rank 0 makes it (on GPUs each worker sizes its own
+    # micro-batch, training.microbatch: the accumulation is render's estimate)
+    step = cfg.job.batch_plan()
+    accum = step.accumulation
     blocks = estimate_blocks(corpus, tok_spec, block, cfg.val_percent)
-    estimate = steps_per_epoch_estimate(blocks, micro, accum)
+    estimate = steps_per_epoch_estimate(blocks, step.global_batch, 1)
     warmup = None
     if cfg.max_steps_per_epoch:
         spe, estimated = cfg.max_steps_per_epoch, False
@@ -89,7 +90,7 @@ def plan_run(cfg: TrainConfig, corpus: Any, tok_spec: Any, block: int,
     facts = {**precision_fact(cfg.precision, cfg.use_gpu, probe),
              "compile": compile_fact(cfg.compile, cfg.use_gpu),
              "accumulation_steps": accum,
-             "global_batch_size": micro * accum,
+             "global_batch_size": step.global_batch,
              "steps_per_epoch_estimated": estimated}
     if spe == UNKNOWN_STEPS_PER_EPOCH and blocks is None:
         facts["steps_per_epoch"] = None  # unknown: no total, no ETA, until an epoch ends
