@@ -166,7 +166,8 @@ def loss_weight(share: int, micro: int, workers: int, global_batch: int) -> floa
     return micro * workers / global_batch
 
 
-def _lcm(values: range | list[int]) -> int:
+def lcm(values: range | list[int]) -> int:
+    """The least common multiple of `values` (1 for none)."""
     out = 1
     for v in values:
         out = out * v // math.gcd(out, v)
@@ -188,7 +189,7 @@ def default_global_batch(block: int, min_workers: int, max_workers: int,
     base = TARGET_TOKENS_PER_STEP / block
     m = micro or 1
     if min_workers == max_workers or equal:
-        unit = _lcm(group_sizes(min_workers, max_workers, step)) * m
+        unit = lcm(group_sizes(min_workers, max_workers, step)) * m
         q = _pow2_floor(base / (SPLIT_UNITS * unit))
         return unit * q * max(1, round(base / (unit * q)))
     units = 2 ** max(0, round(math.log2(max(1.0, base / m))))
@@ -205,10 +206,14 @@ def default_problem(block: int, global_batch: int, min_workers: int, max_workers
     if MIN_TOKENS_PER_STEP <= tokens <= MAX_TOKENS_PER_STEP:
         return None
     m = micro or 1
-    works = (_lcm(group_sizes(min_workers, max_workers, step)) * m if equal
+    works = (lcm(group_sizes(min_workers, max_workers, step)) * m if equal
              else max_workers * m)
     group = (f"{max_workers} workers" if min_workers == max_workers
              else f"groups of {min_workers} to {max_workers} workers")
+    if equal and min_workers < max_workers:
+        return (f"--fsdp needs a global batch that every size of {group} splits equally, and "
+                f"none is 0.25-2 M tokens at block {block}: narrow --replicas, leave out --fsdp, "
+                f"or set --global-batch-size {works} (the smallest that works)")
     return (f"no default optimizer step of 0.25-2 M tokens suits {group} at block {block} "
             f"({tokens:,} tokens): set --global-batch-size {works} (or a multiple of it), or "
             "fewer workers")

@@ -1068,7 +1068,7 @@ def global_batch_problem(global_batch: int, min_workers: int, max_workers: int, 
         bad = [n for n in sizes if global_batch % (n * m)]
         if not bad:
             return None
-        unit = batch._lcm(sizes) * m
+        unit = batch.lcm(sizes) * m
         if min_workers == max_workers:
             lower, upper = max(unit, global_batch // unit * unit), -(-global_batch // unit) * unit
             fix = f"{lower}" + (f" or {upper}" if upper != lower else "")
