@@ -186,10 +186,10 @@ def train_func(loop_config: dict[str, Any]) -> None:
     train_shard = ray.train.get_dataset_shard("train")
 
     def epoch_batches(epoch: int) -> Iterator[dict[str, Any]]:
-        return iter(train_shard.iter_batches(
-            batch_size=micro_size, drop_last=True, batch_format="numpy",
+        return mine.paced(iter(train_shard.iter_batches(  # unequal shares end together
+            batch_size=micro_size, drop_last=mine.equal, batch_format="numpy",
             local_shuffle_buffer_size=micro_size * SHUFFLE_BATCHES,
-            local_shuffle_seed=shuffle_seed(cfg.seed, epoch, rank)))
+            local_shuffle_seed=shuffle_seed(cfg.seed, epoch, rank))))
 
     # The data pipeline starts now and fills while the model is built (start-up, issue #12).
     first_batches = Prefetched(epoch_batches(start_epoch)) if start_epoch < cfg.epochs else None

@@ -15,8 +15,9 @@ that the gradient DDP averages is the mean over every token of the step, whateve
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 from submitter.contract import batch
 from submitter.contract.spec import JobSpec
@@ -32,6 +33,19 @@ class WorkerBatch:
     global_batch: int       # sequences per optimizer step, all workers
     loss_weight: float      # what each micro-batch's mean loss is multiplied by
     fits: Optional[int]     # sequences that fit the device (None: the micro-batch is fixed)
+    pace: int = 0           # the group's largest share (0: this one)
+
+    @property
+    def equal(self) -> bool:
+        """Every worker of the group carries the same share."""
+        return self.pace in (0, self.share)
+
+    def paced(self, batches: Iterator[Any]) -> Iterator[Any]:
+        """This worker's micro-batches for an epoch, ending at the step the worker with the
+        largest share runs out of data (see `paced`); `batches` itself when the shares are
+        equal. Read the shard with drop_last=False when they are not: the pace needs its exact
+        row count."""
+        return batches if self.equal else paced(batches, self.accumulation, self.pace)
 
 
 def worker_batch(resolved: batch.Resolved, world: int, rank: int,
@@ -48,7 +62,28 @@ def worker_batch(resolved: batch.Resolved, world: int, rank: int,
         fits = fits or resolved.fits or 1
         micro = batch.largest_divisor_at_most(share, fits)
     weight = batch.loss_weight(share, micro, world, resolved.global_batch)
-    return WorkerBatch(micro, share // micro, share, resolved.global_batch, weight, fits)
+    pace = batch.shares(resolved.global_batch, world, resolved.micro)[0]
+    return WorkerBatch(micro, share // micro, share, resolved.global_batch, weight, fits, pace)
+
+
+def paced(batches: Iterator[Any], accumulation: int, pace: int) -> Iterator[Any]:
+    """Micro-batches in steps of `accumulation`, as long as a worker taking `pace` sequences a
+    step could still make the step from a shard of this one's size (Ray Train splits the data
+    into equal shards). With unequal shares the workers would otherwise run out of data at
+    different steps, and the one that stops first would leave the others waiting in a
+    collective. Reads ahead at most one step's difference; a final partial batch (drop_last
+    off) is counted, never yielded."""
+    rows, ahead, step = 0, deque(), 0
+    while True:
+        while rows < (step + 1) * pace:
+            got = next(batches, None)
+            if got is None:
+                return
+            rows += len(got["input_ids"])
+            ahead.append(got)
+        for _ in range(accumulation):
+            yield ahead.popleft()
+        step += 1
 
 
 def sequences_that_fit_here(job: JobSpec, precision: str, vocab: int, device: Any,

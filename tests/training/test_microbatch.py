@@ -171,3 +171,39 @@ def test_a_resize_that_changes_the_micro_batch_keeps_the_step_gradient_and_loss(
         assert abs(got[world]["loss"] - loss.item()) < 1e-5
     print(json.dumps({w: {"micro": got[w]["micro"], "accumulation": got[w]["accumulation"]}
                       for w in got}))
+
+
+def _shard(rows: int, micro: int, drop_last: bool):
+    """A worker's shard as Ray Data's iter_batches gives it: micro-batches of `micro` rows."""
+    sizes = [micro] * (rows // micro) + ([] if drop_last or rows % micro == 0 else [rows % micro])
+    return iter([{"input_ids": [0] * n} for n in sizes])
+
+
+def _steps(mine, rows: int) -> int:
+    """Optimizer steps the loop makes from this shard (it takes `accumulation` batches a step
+    and stops at the first short step)."""
+    batches, steps = mine.paced(_shard(rows, mine.micro, drop_last=mine.equal)), 0
+    while True:
+        step = [b for b in (next(batches, None) for _ in range(mine.accumulation)) if b is not None]
+        if len(step) < mine.accumulation:
+            return steps
+        assert all(len(b["input_ids"]) == mine.micro for b in step)  # never a partial batch
+        steps += 1
+
+
+@pytest.mark.parametrize("g, world, fits", [(20, 3, 4), (2048, 3, 300), (2048, 7, 64), (100, 6, 7)])
+def test_workers_with_unequal_shares_run_out_of_data_at_the_same_step(g, world, fits):
+    """Ray Train splits the data into equal shards; a worker with a smaller share would make
+    more steps from its shard than the largest share's worker, and wait forever in a collective
+    the other never joins. Every rank stops at the largest share's last step."""
+    group = [worker_batch(batch.Resolved(None, g, fits=fits), world, r) for r in range(world)]
+    assert not group[-1].equal
+    for rows in list(range(0, 3 * g // world)) + [10 * g + 7, 100 * g // world]:
+        steps = {_steps(mine, rows) for mine in group}
+        assert steps == {rows // group[0].share}, (rows, steps)
+
+
+def test_equal_shares_read_the_shard_as_before():
+    mine = worker_batch(batch.Resolved(None, 2048, fits=64), 8, 3)
+    shard = _shard(1000, mine.micro, drop_last=True)
+    assert mine.equal and mine.paced(shard) is shard
