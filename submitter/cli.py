@@ -219,6 +219,7 @@ def render(output: str | None, output_dir: str | None, helm_values: bool, **opti
     kind, directory = render_target(output, output_dir, helm_values)
     spec = build_spec(options)
     plan = render_plan(spec)  # storage policy first: nothing is written when it refuses
+    grace_warning(spec)
     if helm_values:
         from submitter.plan import to_yaml
 
@@ -274,6 +275,17 @@ def init(path: str, force: bool, **options: Any) -> None:
     with os.fdopen(fd, "w", encoding="utf-8") as fh:
         fh.write(text)
     click.echo(f"wrote {path}: edit it, then: submitter submit -f {path}", err=True)
+
+
+def grace_warning(spec: JobSpec) -> None:
+    """Warn (stderr) when a step on --gpu-type's card plus the preemption checkpoint outlast
+    the grace period (submitter.contract.step_time)."""
+    from submitter.contract.step_time import grace_warning as warning_for
+    from submitter.render import PRESTOP_MARGIN
+
+    warning = warning_for(spec, PRESTOP_MARGIN)
+    if warning:
+        click.echo(f"warning: {warning}", err=True)
 
 
 def render_plan_checked(spec: JobSpec) -> None:

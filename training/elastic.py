@@ -8,19 +8,22 @@ every `elastic_resize_monitor_interval_s` a healthy group is checked and restart
 more workers fit. Each start builds new dataset shards for the new world size
 (`streaming_split(world_size)` in Ray Train's DatasetsCallback), so the data is re-sharded.
 
-What stays the same is the optimizer step: with `--global-batch-size`, each worker accumulates
-`global / (world x per-worker batch)` micro-batches, recomputed on every (re)start from the
-group's actual size (`get_context().get_world_size()`); the spec refuses a global batch that
-some size in MIN..MAX cannot reach with whole micro-batches. Pure functions here; the driver
-and the loop call them.
+What stays the same is the optimizer step and the learning rate: the job document fixes the
+global batch (submitter.contract.batch), and every (re)start recomputes each worker's share of it
+for the group's actual size (`get_context().get_world_size()`), its micro-batch (from its GPU's
+free memory: training.microbatch) and its accumulation. A size that does not divide the global
+batch gets near-equal shares and unequal accumulation, each micro-batch's loss weighted so that
+the gradient stays the mean over the step's tokens. Pure functions here; the driver and the loop
+call them.
 """
 
 from __future__ import annotations
 
 import os
-from typing import Any, Mapping, Optional, Union
+from typing import TYPE_CHECKING, Any, Mapping, Union
 
-from submitter.contract.spec import accumulation_steps
+if TYPE_CHECKING:
+    from training.microbatch import WorkerBatch
 
 #: Seconds between Ray Train's checks for room to grow a healthy group (Ray's default, 60 s;
 #: each growth restarts the group from its last checkpoint, so not much more often).
@@ -52,12 +55,10 @@ def cpus_per_worker(elastic: bool, cpus_per_train_worker: int, default: float) -
     return float(cpus_per_train_worker) if elastic else default
 
 
-def group_batch(global_batch: Optional[int], world_size: int, per_worker: int,
-                block: int) -> dict[str, int]:
-    """How one optimizer step is made with this group: worker count, micro-batches each
-    accumulates, sequences and tokens per step (the same for every size when a global batch
-    is set)."""
-    accum = accumulation_steps(global_batch, world_size, per_worker)
-    sequences = world_size * per_worker * accum
-    return {"world_size": world_size, "accumulation_steps": accum,
-            "global_batch_size": sequences, "tokens_per_step": sequences * block}
+def group_batch(mine: "WorkerBatch", world_size: int, block: int) -> dict[str, int]:
+    """How this group makes one optimizer step (the worker-group events' fields): its size,
+    rank 0's micro-batch and accumulation, and the step's sequences and tokens (the same for
+    every size when the global batch is fixed)."""
+    return {"world_size": world_size, "accumulation_steps": mine.accumulation,
+            "micro_batch_size": mine.micro, "global_batch_size": mine.global_batch,
+            "tokens_per_step": mine.global_batch * block}

@@ -211,7 +211,8 @@ def summarize(case: Case, events: list[dict[str, Any]], peak: Optional[Peak],
     first = next((e for e in progress if e.get("precision")), {})
     r.precision = first.get("precision")
     r.parallel = _parallel_words(first)
-    r.micro = started.get("batch_size_per_worker")
+    # the micro-batch the worker chose on its device (run_started has the job's estimate)
+    r.micro = first.get("micro_batch_size") or started.get("batch_size_per_worker")
     r.accumulation = first.get("accumulation_steps") or started.get("accumulation_steps")
     r.steps = max((e.get("step", 0) for e in progress), default=0)
     steady = progress[1:] or progress

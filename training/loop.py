@@ -154,7 +154,7 @@ def train_func(loop_config: dict[str, Any]) -> None:
     import torch
     from ray.train import Checkpoint
 
-    from submitter.contract.spec import accumulation_steps
+    from training.microbatch import choose as choose_worker_batch
     from training.compiling import CompileCache, compile_enabled, compile_model, compile_seconds, counters
     from training.elastic import group_batch
     from training.model import BETAS, MIN_LR_RATIO, build_model, build_optimizer, gpt2_config
@@ -169,7 +169,11 @@ def train_func(loop_config: dict[str, Any]) -> None:
     events = _Events(loop_config.get("hub"), rank)
     device = ray.train.torch.get_device()
     precision = precision_here(cfg.precision, device)
-    accum = accumulation_steps(cfg.resolved_global_batch_size, world, cfg.micro_batch_size)
+    # this worker's part of the job's fixed step: its micro-batch from the GPU's free memory,
+    # accumulation = its share / micro-batch, the loss weight that keeps a token mean
+    mine = choose_worker_batch(cfg.job, world, rank, device, precision.name,
+                               loop_config["vocab_size"])
+    micro_size, accum = mine.micro, mine.accumulation
 
     def autocast() -> Any:  # FSDP2's MixedPrecisionPolicy casts instead (training.precision)
         return precision.autocast(device.type, params_cast=is_fsdp(model))
@@ -185,10 +189,10 @@ def train_func(loop_config: dict[str, Any]) -> None:
     train_shard = ray.train.get_dataset_shard("train")
 
     def epoch_batches(epoch: int) -> Iterator[dict[str, Any]]:
-        return iter(train_shard.iter_batches(
-            batch_size=cfg.micro_batch_size, drop_last=True, batch_format="numpy",
-            local_shuffle_buffer_size=cfg.micro_batch_size * SHUFFLE_BATCHES,
-            local_shuffle_seed=shuffle_seed(cfg.seed, epoch, rank)))
+        return mine.paced(iter(train_shard.iter_batches(  # unequal shares end together
+            batch_size=micro_size, drop_last=mine.equal, batch_format="numpy",
+            local_shuffle_buffer_size=micro_size * SHUFFLE_BATCHES,
+            local_shuffle_seed=shuffle_seed(cfg.seed, epoch, rank))))
 
     # The data pipeline starts now and fills while the model is built (start-up, issue #12).
     first_batches = Prefetched(epoch_batches(start_epoch)) if start_epoch < cfg.epochs else None
@@ -231,7 +235,7 @@ def train_func(loop_config: dict[str, Any]) -> None:
                         MIN_LR_RATIO)
     # this group's size and its optimizer step (training.elastic: the emitter tells a resize)
     events.started(resumed_from, epoch=start_epoch + 1, step=step,
-                   **group_batch(cfg.resolved_global_batch_size, world, cfg.micro_batch_size, block))
+                   **group_batch(mine, world, block))
 
     def save(metrics: dict[str, Any], epoch: int, step_in_epoch: int, epoch_done: bool,
              budget_s: Optional[float] = None) -> None:
@@ -295,7 +299,7 @@ def train_func(loop_config: dict[str, Any]) -> None:
         total, count = torch.zeros((), device=device, dtype=torch.float64), 0
         with torch.no_grad(), autocast():
             for i, batch in enumerate(shard.iter_batches(
-                    batch_size=cfg.micro_batch_size, drop_last=True, batch_format="numpy")):
+                    batch_size=micro_size, drop_last=True, batch_format="numpy")):
                 if cfg.val_steps and i >= cfg.val_steps:
                     break
                 x = to_device(batch)
@@ -315,8 +319,8 @@ def train_func(loop_config: dict[str, Any]) -> None:
             with gradient_sync(model, sync=k == len(micro) - 1):  # one all-reduce a step
                 with autocast():
                     loss = model(input_ids=x, labels=x).loss
-                    if accum > 1:
-                        loss = loss / accum
+                    if mine.loss_weight != 1:  # a token mean over the step's shares
+                        loss = loss * mine.loss_weight
                 (scaler.scale(loss) if scaler is not None else loss).backward()
             step_loss += loss.detach().float()
         if scaler is not None:
@@ -337,7 +341,7 @@ def train_func(loop_config: dict[str, Any]) -> None:
     grad_norm: Any = None  # the last step's (a tensor on the device; training.trackers logs it)
     last_save = time.perf_counter()  # the interval clock: wall time since the last checkpoint
     timed_due = False
-    tokens_per_step = cfg.micro_batch_size * block * world * accum
+    tokens_per_step = mine.global_batch * block
     model.train()
     optimizer.zero_grad(set_to_none=True)
     first_step = True  # report the first step of every start (time to first/resumed step)
@@ -390,7 +394,8 @@ def train_func(loop_config: dict[str, Any]) -> None:
                                         cfg.checkpoint_minutes))], device)
                 timed_due = due > 0
                 # the first report of a start also says how the workers train
-                how = ({"precision": precision.name, "accumulation_steps": accum, **worker_facts}
+                how = ({"precision": precision.name, "accumulation_steps": accum,
+                        "micro_batch_size": micro_size, **worker_facts}
                        if first_step else {})
                 events.emit("progress", epoch=epoch + 1, step=step, loss=round(mean_loss, 5),
                             tokens_per_sec=round(tokens_per_step * window_steps / elapsed, 1),

@@ -10,7 +10,6 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 from submitter.contract.errors import SpecError
-from submitter.contract.spec import accumulation_steps
 from training.config import TrainConfig
 from training.precision import choose_precision
 
@@ -54,19 +53,19 @@ def compile_fact(mode: str, use_gpu: bool) -> str:
     return "on" if compile_enabled(mode, "cuda" if use_gpu else "cpu") else "off"
 
 
-def too_short(blocks: Optional[int], workers: int, micro: int, accumulation: int,
+def too_short(blocks: Optional[int], global_batch: int, workers: int,
               block: int) -> Optional[str]:
     """The one-line problem when the training data (an estimate: `blocks` sequences of `block`
-    tokens) holds less than one optimizer step: zero steps would "succeed" with an untrained
-    model. None when it is long enough, or its size is unknown."""
-    per_step = workers * micro * accumulation
-    if blocks is None or blocks >= per_step:
+    tokens) holds less than one optimizer step (`global_batch` sequences over `workers`): zero
+    steps would "succeed" with an untrained model. None when it is long enough, or its size is
+    unknown."""
+    if blocks is None or blocks >= global_batch:
         return None
-    fits = blocks // (workers * micro) * workers * micro
+    fits = blocks // workers * workers  # at least one sequence per worker
     fix = (f"lower --global-batch-size to {fits} or less" if fits else
-           "lower --batch-size-per-worker or --block-size")
+           "lower --block-size, or use fewer workers")
     return (f"the training data has ~{blocks * block:,} tokens, less than one optimizer step "
-            f"({per_step * block:,} tokens: {per_step} sequences x {block}); add data, or {fix}")
+            f"({global_batch * block:,} tokens: {global_batch} sequences x {block}); add data, or {fix}")
 
 
 def warmup_for(total: int, warmup_steps: Optional[int]) -> int:
@@ -82,13 +81,15 @@ def plan_run(cfg: TrainConfig, corpus: Any, tok_spec: Any, block: int,
 
     check_gpus_here(cfg.use_gpu, cfg.num_workers)
     probe = probe_gpu_node() if cfg.use_gpu else None
-    accum = accumulation_steps(cfg.resolved_global_batch_size, cfg.num_workers, cfg.micro_batch_size)
-    micro = cfg.micro_batch_size * cfg.num_workers
+    # the step of the largest group as rank 0 makes it (on GPUs each worker sizes its own
+    # micro-batch, training.microbatch: the accumulation is render's estimate)
+    step = cfg.job.batch_plan()
+    accum = step.accumulation
     blocks = estimate_blocks(corpus, tok_spec, block, cfg.val_percent)
-    short = too_short(blocks, cfg.num_workers, cfg.micro_batch_size, accum, block)
+    short = too_short(blocks, step.global_batch, cfg.num_workers, block)
     if short:
         raise SpecError(short)
-    estimate = steps_per_epoch_estimate(blocks, micro, accum)
+    estimate = steps_per_epoch_estimate(blocks, step.global_batch, 1)
     warmup = None
     if cfg.max_steps_per_epoch:
         spe, estimated = cfg.max_steps_per_epoch, False
@@ -109,7 +110,7 @@ def plan_run(cfg: TrainConfig, corpus: Any, tok_spec: Any, block: int,
     facts = {**precision_fact(cfg.precision, cfg.use_gpu, probe),
              "compile": compile_fact(cfg.compile, cfg.use_gpu),
              "accumulation_steps": accum,
-             "global_batch_size": micro * accum,
+             "global_batch_size": step.global_batch,
              "steps_per_epoch_estimated": estimated}
     if spe == UNKNOWN_STEPS_PER_EPOCH and blocks is None:
         facts["steps_per_epoch"] = None  # unknown: no total, no ETA, until an epoch ends

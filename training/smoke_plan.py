@@ -22,7 +22,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
-from submitter.contract.batch import param_count, plan_for, resolve
+import dataclasses
+
+from submitter.contract.batch import param_count, resolve, sequences_that_fit
 from submitter.contract.flops import flops_per_token, peak_for
 
 #: What one short call on a GPU machine allows the whole plan.
@@ -102,9 +104,13 @@ def default_batch(memory_gib: Optional[float] = None) -> tuple[int, int]:
     without --gpu-type it assumes a 16 GiB card, whatever this card has); `memory_gib` is what
     the device says it has free, for when the micro-batch is chosen on the device (issue 23):
     point this function at that rule then, and the reference and step cases follow."""
-    micro, global_batch = resolve(gpu=True, model="gpt2-small", block=GPT2_SMALL["block"],
-                                  micro=None, global_batch=None, min_workers=1, max_workers=1)
-    return micro, plan_for(micro, global_batch, 1, GPT2_SMALL["block"]).accumulation
+    block = GPT2_SMALL["block"]
+    r = resolve(gpu=True, model="gpt2-small", block=block, micro=None, global_batch=None,
+                min_workers=1, max_workers=1)
+    if memory_gib is not None:  # the worker's rule: what this card has free (training.microbatch)
+        r = dataclasses.replace(r, fits=sequences_that_fit("gpt2-small", block, memory_gib * 2**30))
+    p = r.plan(1, block)
+    return p.micro_batch, p.accumulation
 
 
 def step_seconds(case: str, tokens: int, peak_tflops: float) -> float:

@@ -49,7 +49,8 @@ OPTIONAL: dict[str, frozenset[str]] = {
     # the first progress event of every (re)start says how the workers train; with compile on,
     # compile_s is the seconds the first step spent compiling (a restart that finds the run's
     # compile cache spends a few), and the inductor cache's hits/misses (fxgraph_cache_hit ...)
-    "progress": frozenset({"data_wait_fraction", "precision", "accumulation_steps", "parallel",
+    "progress": frozenset({"data_wait_fraction", "precision", "accumulation_steps",
+                           "micro_batch_size", "parallel",
                            "tf32", "grad_compression", "compile", "compile_s", "compile_cache",
                            "fxgraph_cache_hit", "fxgraph_cache_miss"}),
     # sent by Ray Train's controller once the checkpoint is registered (what a resume uses):

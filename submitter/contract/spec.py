@@ -57,7 +57,9 @@ MAX_CHECKPOINT_MINUTES = 10_080
 #: Host memory (GiB) each Ray Train worker needs at the least, by preset: the Python process with
 #: torch (and the CUDA context on a GPU), and a full state dict gathered for each checkpoint
 #: (weights and AdamW's moments: about 1.5 GB for gpt2-small). A floor that refuses pods that
-#: cannot work, not a sizing guide.
+#: cannot work, not a sizing guide. memory_problem adds one more host copy of the state per pod:
+#: the one rank 0's async checkpoint upload still holds while training goes on (at most one in
+#: flight; rank 0 is in some pod, and the pods are alike).
 WORKER_MEMORY_GIB = {"gpt2-small": 2.0, "tiny": 0.5}
 #: Ray's shared-memory object store takes this share of a pod's memory by default.
 OBJECT_STORE_SHARE = 0.3
@@ -795,14 +797,9 @@ class JobSpec:
         if self.precision == "fp16" and not self.gpu_per_pod:
             raise SpecError("--precision fp16 needs GPUs (--gpu-per-pod N); on CPU use auto "
                             "(fp32) or bf16")
-        if self.global_batch_size is not None:
-            problem = (global_batch_problem(self.global_batch_size, self.min_train_workers,
-                                            self.num_train_workers, self.micro_batch_size)
-                       if self.elastic else
-                       accumulation_problem(self.global_batch_size, self.num_train_workers,
-                                            self.micro_batch_size))
-            if problem:
-                raise SpecError(problem)
+        problem = self._batch_problem()
+        if problem:
+            raise SpecError(problem)
 
     # --- derived values (pure; the same on the laptop and in the pod) -------------------------------
     @property
@@ -858,28 +855,42 @@ class JobSpec:
         """Tokens per training sequence: --block-size, else the preset's."""
         return self.block_size or batch.MODEL_BLOCK[self.model]
 
-    def _batch(self) -> tuple[int, Optional[int]]:
+    def batch_resolution(self) -> "batch.Resolved":
+        """The batch the settings fix (the global batch; the micro-batch when given or on CPU)
+        and, for GPU jobs, render's estimate of what the worker chooses (training.microbatch)."""
         return batch.resolve(gpu=self.gpu_per_pod > 0, model=self.model, block=self.block,
                              micro=self.batch_size_per_worker, global_batch=self.global_batch_size,
                              min_workers=self.min_train_workers,
-                             max_workers=self.num_train_workers, gpu_type=self.gpu_type)
+                             max_workers=self.num_train_workers, gpu_type=self.gpu_type,
+                             precision=self.precision, equal=self.fsdp,
+                             step=self.workers_per_pod)
+
+    def _batch_problem(self) -> Optional[str]:
+        """Why the global batch (given or default) cannot be this job's step, or None."""
+        r = self.batch_resolution()
+        if r.global_batch is None:
+            return None
+        sizes = (self.min_train_workers, self.num_train_workers, self.workers_per_pod)
+        if self.global_batch_size is None:
+            return batch.default_problem(self.block, r.global_batch, sizes[0], sizes[1], r.micro,
+                                         self.fsdp, sizes[2])
+        return global_batch_problem(r.global_batch, *sizes, r.micro, self.fsdp)
 
     @property
     def micro_batch_size(self) -> int:
-        """Sequences per worker per micro-batch: --batch-size-per-worker, else 8 on CPU and the
-        largest that fits the GPU (submitter.contract.batch)."""
-        return self._batch()[0]
+        """Sequences per worker per micro-batch: --batch-size-per-worker, else 8 on CPU; on GPUs
+        the estimate for the largest group on --gpu-type's card (the worker chooses its own)."""
+        return self.batch_plan().micro_batch
 
     @property
     def resolved_global_batch_size(self) -> Optional[int]:
         """Sequences per optimizer step, all workers: --global-batch-size, else ~524,288 tokens
         on GPUs; None on CPU (one micro-batch per worker, whatever the group's size)."""
-        return self._batch()[1]
+        return self.batch_resolution().global_batch
 
     def batch_plan(self, workers: Optional[int] = None) -> "batch.BatchPlan":
         """The optimizer step of a group of `workers` (default: the largest group)."""
-        return batch.plan_for(self.micro_batch_size, self.resolved_global_batch_size,
-                              workers or self.num_train_workers, self.block)
+        return self.batch_resolution().plan(workers or self.num_train_workers, self.block)
 
     @property
     def checkpoint_minutes(self) -> float:
@@ -896,8 +907,19 @@ class JobSpec:
         return max(DATA_CPUS_PER_POD, self.gpu_per_pod * DATA_CPUS_PER_GPU)
 
     def resolved(self) -> dict[str, Any]:
-        """What the settings resolve to (the job document's `resolved` block: shown, not read)."""
-        return {**self.batch_plan().to_dict(), "checkpointIntervalMinutes": self.checkpoint_minutes,
+        """What the settings resolve to (the job document's `resolved` block: shown, not read).
+        `fixed` holds what every group trains with; `chosenOnDevice`, on GPUs without
+        --batch-size-per-worker, what each worker chooses from its free memory, with render's
+        estimate for the largest group on --gpu-type's card."""
+        r, plan = self.batch_resolution(), self.batch_plan()
+        step = {"globalBatchSize": plan.global_batch, "tokensPerStep": plan.tokens_per_step}
+        per_worker = {"microBatchSize": plan.micro_batch, "accumulationSteps": plan.accumulation}
+        if r.micro is None:
+            out = {"fixed": step, "chosenOnDevice": {
+                **per_worker, "estimateForGpuGiB": r.memory_gib}}
+        else:
+            out = {"fixed": {**step, **per_worker}}
+        return {"batch": out, "checkpointIntervalMinutes": self.checkpoint_minutes,
                 "dataCpusPerPod": self.data_cpus_per_pod}
 
     @property
@@ -1006,16 +1028,22 @@ def _gib(quantity: str) -> float:
     return _quantity_value(quantity) / 2**30
 
 
+def host_state_gib(model: str) -> float:
+    """One host copy of the model's training state (weights and AdamW's moments, fp32)."""
+    return round(batch.host_state_bytes(model, batch.MODEL_BLOCK[model]) / 2**30, 2)
+
+
 def memory_problem(model: str, workers_per_pod: int, memory_per_pod: str,
                    head_memory: str) -> str | None:
     """Why worker pods of this memory cannot hold their workers (less Ray's object store and
     its own processes), or a head is below what its processes take; None when they fit. Such a
     job is OOM-killed again and again, retrying until backoffLimit, instead of saying why."""
-    per = WORKER_MEMORY_GIB[model]
-    need = (workers_per_pod * per + RAY_POD_OVERHEAD_GIB) / (1 - OBJECT_STORE_SHARE)
+    per, copy = WORKER_MEMORY_GIB[model], host_state_gib(model)
+    need = (workers_per_pod * per + copy + RAY_POD_OVERHEAD_GIB) / (1 - OBJECT_STORE_SHARE)
     if _gib(memory_per_pod) < need:
         return (f"--memory-per-pod {memory_per_pod} cannot hold {workers_per_pod} {model} Ray "
-                f"Train worker(s) at {per:g} GiB each beside Ray's object store "
+                f"Train worker(s) at {per:g} GiB each and the {copy:g} GiB host copy of the "
+                f"state a checkpoint upload holds, beside Ray's object store "
                 f"({OBJECT_STORE_SHARE:.0%}) and its processes: use --memory-per-pod "
                 f"{math.ceil(need)}Gi or more")
     if _gib(head_memory) < HEAD_MEMORY_MIN_GIB:
@@ -1024,26 +1052,40 @@ def memory_problem(model: str, workers_per_pod: int, memory_per_pod: str,
     return None
 
 
-def global_batch_problem(global_batch: int, min_workers: int, max_workers: int,
-                         per_worker: int) -> str | None:
-    """Why `global_batch` cannot be reached with whole micro-batches by every group size from
-    min_workers to max_workers (an elastic group may run with any of them), or None.
+def global_batch_problem(global_batch: int, min_workers: int, max_workers: int, step: int,
+                         micro: Optional[int], equal: bool = False) -> str | None:
+    """Why a given --global-batch-size cannot be every group's step, or None. Each worker
+    needs at least one micro-batch; a fixed group (or FSDP, whose ranks must run as many
+    micro-batches) splits it equally; an elastic DDP group may split it unequally (the loss
+    stays a token mean: batch.loss_weight), in whole fixed micro-batches.
 
-    Refused rather than rounded: a rounded global batch would change the optimisation each
-    time the group resizes, which is what --global-batch-size exists to prevent."""
-    sizes = range(min_workers, max_workers + 1)
-    bad = [n for n in sizes if global_batch % (n * per_worker)]
-    if not bad:
-        return None
-    unit = per_worker
-    for n in sizes:
-        unit = unit * n * per_worker // math.gcd(unit, n * per_worker)
-    fix = max(unit, global_batch // unit * unit)
-    workers = (f"{bad[0]} worker(s)" if min_workers == max_workers else
-               f"a group of {bad[0]} worker(s) (--replicas allows {min_workers} to {max_workers})")
-    return (f"--global-batch-size {global_batch} is not a multiple of {workers} x "
-            f"--batch-size-per-worker {per_worker} = {bad[0] * per_worker}: use a multiple of "
-            f"{unit}, e.g. {fix}")
+    Refused rather than rounded: a rounded global batch would change the optimisation, which
+    is what --global-batch-size exists to prevent."""
+    m = micro or 1
+    per = f" x --batch-size-per-worker {micro}" if micro else ""
+    if min_workers == max_workers or equal:
+        sizes = batch.group_sizes(min_workers, max_workers, step)
+        bad = [n for n in sizes if global_batch % (n * m)]
+        if not bad:
+            return None
+        unit = batch.lcm(sizes) * m
+        if min_workers == max_workers:
+            lower, upper = max(unit, global_batch // unit * unit), -(-global_batch // unit) * unit
+            fix = f"{lower}" + (f" or {upper}" if upper != lower else "")
+            return (f"--global-batch-size {global_batch} is not a multiple of {min_workers} "
+                    f"worker(s){per} = {unit}: use {fix}")
+        return (f"--global-batch-size {global_batch} is not a multiple of a group of {bad[0]} "
+                f"worker(s){per} (--fsdp: every size --replicas allows, {min_workers} to "
+                f"{max_workers}, must split it equally): use a multiple of {unit}, e.g. "
+                f"{max(unit, global_batch // unit * unit)}")
+    if global_batch % m:
+        lower = max(m * max_workers, global_batch // m * m)
+        return (f"--global-batch-size {global_batch} is not a multiple of --batch-size-per-worker "
+                f"{micro}: use {lower}")
+    if global_batch < max_workers * m:
+        return (f"--global-batch-size {global_batch} leaves some of {max_workers} workers without "
+                f"a {'micro-batch' if micro else 'sequence'}: use {max_workers * m} or more")
+    return None
 
 
 def parse_document(text: str) -> dict[str, Any]:

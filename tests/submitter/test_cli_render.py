@@ -192,6 +192,19 @@ def test_replicas_range_from_a_flag_and_from_a_job_file(runner, tmp_path):
 
 def test_a_global_batch_an_elastic_group_cannot_keep_is_one_line_exit_2(runner):
     result = runner.invoke(main, ["render", "--name", "e", "--replicas", "1:3",
-                                  "--global-batch-size", "32"])
+                                  "--global-batch-size", "20"])  # CPU: micro-batches of 8
     assert result.exit_code == 2
-    assert "use a multiple of 48" in result.output and "Traceback" not in result.output
+    assert "use 24" in result.output and "Traceback" not in result.output
+    # 32 = 4 micro-batches: 2 groups split them equally, 3 as 2/1/1 (a token-mean loss)
+    assert runner.invoke(main, ["render", "--name", "e", "--replicas", "1:3",
+                                "--global-batch-size", "32"]).exit_code == 0
+
+
+def test_render_warns_when_a_step_and_the_save_outlast_the_grace_period(runner):
+    args = ["render", "--name", "j", "--gpu-per-pod", "1", "--replicas", "1",
+            "--gpu-type", "Tesla-T4"]
+    quiet = runner.invoke(main, args)
+    assert quiet.exit_code == 0 and "warning" not in quiet.stderr
+    loud = runner.invoke(main, [*args, "--termination-grace-period", "30"])
+    assert loud.exit_code == 0 and "kind: RayJob" in loud.stdout
+    assert loud.stderr.startswith("warning: ") and "--termination-grace-period 50" in loud.stderr

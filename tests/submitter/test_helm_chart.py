@@ -229,6 +229,19 @@ def test_any_positive_learning_rate_reaches_the_pod_unchanged(rate: float) -> No
 _printable = st.characters(blacklist_categories=("Cs", "Cc"), blacklist_characters="\x00") | \
     st.sampled_from("\n\t\"'\\:{}[]#&*!|>%@`<")
 _word = st.from_regex(r"\A[a-z][a-z0-9]{0,8}\Z")
+def _fsdp_batch_ok(d: dict[str, Any]) -> bool:
+    """FSDP's ranks split the global batch equally: an elastic range with no such batch of
+    0.25-2 M tokens is refused (submitter.contract.batch.default_problem)."""
+    from submitter.contract import batch
+    from submitter.contract.spec import replica_range
+
+    lo, hi = replica_range(str(d["replicas"]))
+    g = max(d["gpu_per_pod"], 1)
+    unit = batch.lcm(batch.group_sizes(lo * g, hi * g, g))
+    return not d["fsdp"] or unit * batch.MODEL_BLOCK[d.get("model", "gpt2-small")] \
+        <= batch.MAX_TOKENS_PER_STEP
+
+
 _specs = st.fixed_dictionaries({
     "name": st.from_regex(r"\A[a-z]([-a-z0-9]{0,30}[a-z0-9])?\Z"),
     "namespace": st.sampled_from(["default", "team-a", "x"]),
@@ -272,7 +285,8 @@ _specs = st.fixed_dictionaries({
           >= max(d["gpu_per_pod"], 1) + max(d["gpu_per_pod"], 1)
           # memory for the pod's workers beside Ray's object store
           and memory_problem(d.get("model", "gpt2-small"), max(d["gpu_per_pod"], 1),
-                             d["memory_per_pod"], d.get("head_memory", "8Gi")) is None)
+                             d["memory_per_pod"], d.get("head_memory", "8Gi")) is None
+          and _fsdp_batch_ok(d))
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import pytest
 
+from submitter.contract import batch
 from submitter.contract import events as ev
-from submitter.contract.errors import SpecError
 from submitter.event_text import describe
 from training.elastic import RESIZE_INTERVAL_ENV, cpus_per_worker, group_batch, scaling_options
 from training.emitter import Emitter
+from training.microbatch import worker_batch
 
 
 def test_scaling_options_fixed_and_elastic():
@@ -24,17 +25,30 @@ def test_an_elastic_worker_reserves_its_pods_share_so_a_pod_holds_exactly_its_wo
     assert cpus_per_worker(False, 3, 1.0) == 1.0
 
 
-@pytest.mark.parametrize("world", [1, 2, 3, 6])
+@pytest.mark.parametrize("world", [1, 2, 3, 5, 6])
 def test_every_group_size_makes_the_same_step(world):
-    how = group_batch(48, world, 8, 64)
-    assert how == {"world_size": world, "accumulation_steps": 6 // world,
-                   "global_batch_size": 48, "tokens_per_step": 48 * 64}
+    resolved = batch.Resolved(8, 48)  # --batch-size-per-worker 8 --global-batch-size 48
+    how = group_batch(worker_batch(resolved, world, 0), world, 64)
+    assert how["global_batch_size"] == 48 and how["tokens_per_step"] == 48 * 64
+    assert how["micro_batch_size"] == 8 and how["world_size"] == world
+    assert how["accumulation_steps"] == -(-6 // world)  # rank 0 carries the larger share
 
 
 def test_without_a_global_batch_the_step_follows_the_group():
-    assert group_batch(None, 3, 8, 64)["global_batch_size"] == 24
-    with pytest.raises(SpecError, match="not a multiple"):
-        group_batch(48, 5, 8, 64)
+    assert group_batch(worker_batch(batch.Resolved(8, None), 3, 0), 3, 64)["global_batch_size"] == 24
+
+
+def test_a_resize_keeps_the_step_and_changes_the_micro_batch():
+    """2 -> 3 GPUs with 2,048 sequences a step: shares 1,024 -> 704/704/640; on a card that
+    fits 300 sequences the micro-batch goes 256 -> 176 and 160, the step stays 2,048."""
+    resolved = batch.Resolved(None, 2048, fits=64)
+    two = [worker_batch(resolved, 2, r, fits=300) for r in range(2)]
+    three = [worker_batch(resolved, 3, r, fits=300) for r in range(3)]
+    assert [(w.micro, w.accumulation) for w in two] == [(256, 4), (256, 4)]
+    assert [(w.micro, w.accumulation) for w in three] == [(176, 4), (176, 4), (160, 4)]
+    for group in (two, three):
+        assert sum(w.share for w in group) == 2048
+        assert {group_batch(w, len(group), 256)["tokens_per_step"] for w in group} == {524_288}
 
 
 def test_a_start_with_another_world_size_is_a_resize():

@@ -72,7 +72,8 @@ def _events(*, resumed: bool = False, failed: str | None = None, steps: int = 20
                                              (10, 100_000, 0.02), (15, 110_000, 0.0)]):
         out.append(ev.make_event("progress", seq=3 + i, epoch=1, step=step, loss=5.0,
                                  tokens_per_sec=tok_s, data_wait_fraction=wait, lr=1e-4,
-                                 **({"precision": "bf16"} if i == 0 else {})))
+                                 **({"precision": "bf16", "micro_batch_size": 512,
+                                    "accumulation_steps": 4} if i == 0 else {})))
     out.append(ev.make_event("run_failed", seq=9, error=failed) if failed else
                ev.make_event("run_finished", seq=9, epoch=1, step=steps))
     return out
@@ -82,6 +83,7 @@ def test_a_case_is_summarized_from_its_steady_progress_windows():
     peak = peak_for("NVIDIA H100 80GB HBM3")
     r = smoke.summarize(smoke.CASES[0], _events(), peak, 12, 768)
     assert r.status == "ok" and r.precision == "bf16" and r.steps == 15
+    assert (r.micro, r.accumulation) == (512, 4)  # what the worker chose, not the job's estimate
     assert r.tokens_per_sec == 100_000  # the median after the first window (start-up)
     assert r.data_wait_fraction == 0.01
     per_token = 6 * 124_000_000 + 12 * 12 * 768 * 256
