@@ -86,11 +86,19 @@ def child_command() -> list[str]:
     return [sys.executable, "-m", "training"]
 
 
+def script_command() -> list[str]:
+    """A --script job's pod command (submitter.code_plan.SCRIPT_ENTRYPOINT), with this interpreter."""
+    return [sys.executable, "-m", "training.run_script"]
+
+
 def follow_child(spec: JobSpec, storage: str, view: "PlainView") -> LocalOutcome:
     """Run `python -m training` with the job document; show its events as they come."""
-    env = {**os.environ, ENV_JOB: spec.document(), "PYTHONUNBUFFERED": "1"}
+    from submitter.code_plan import local_code_env
+
+    env = {**os.environ, ENV_JOB: spec.document(), "PYTHONUNBUFFERED": "1",
+           **local_code_env(spec)}
     env.pop("RAY_ADDRESS", None)  # always an embedded Ray, never someone's cluster
-    proc = subprocess.Popen(child_command(), env=env, stdout=subprocess.PIPE, text=True,
+    proc = subprocess.Popen(child_command() if spec.script is None else script_command(), env=env, stdout=subprocess.PIPE, text=True,
                             encoding="utf-8", errors="replace", bufsize=1,
                             start_new_session=True)  # Ctrl-C reaches it once: forwarded below
     reader = _Reader(proc, view)
