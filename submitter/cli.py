@@ -323,11 +323,13 @@ def submit(local: bool, dry_run: str, watch_after: bool, output: str, kube_conte
 
         file_values, flags = spec_values(options)
         sys.exit(run_local(file_values, flags, output=output))
-    from submitter.cluster import submit_job
+    from submitter import api
 
     spec = build_spec(options, kube_context, kubeconfig)
-    sys.exit(submit_job(spec, dry_run=dry_run, watch=watch_after, output=output,
-                        context=kube_context, kubeconfig=kubeconfig, request_timeout=request_timeout()))
+    sys.exit(api.submit(spec, dry_run=dry_run, watch=watch_after, output=output,
+                        context=kube_context, kubeconfig=kubeconfig,
+                        request_timeout=request_timeout(), out=sys.stdout,
+                        err=sys.stderr).exit_code)
 
 
 def _complete_job_names(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[str]:
