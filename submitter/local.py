@@ -120,9 +120,10 @@ def follow_child(spec: JobSpec, storage: str, view: "PlainView") -> LocalOutcome
                                 "storage path to continue from the last checkpoint")
         return LocalOutcome(False, state, run_dir, error, 130)
     ok = code == 0 and state.status == "finished"
+    program = "python -m training" if spec.script is None else "python -m training.run_script"
     error = None if ok else (state.error or (
-        "python -m training refused to start (exit 2: the reason is the error line above)"
-        if code == 2 else f"python -m training exited with code {code}"))
+        f"{program} refused to start (exit 2: the reason is the error line above)"
+        if code == 2 else f"{program} exited with code {code}"))
     return LocalOutcome(ok, state, run_dir, error, 0 if ok else (2 if code == 2 else 1))
 
 

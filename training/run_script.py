@@ -82,14 +82,16 @@ def unpack_bundle(data: bytes, sha256: str, base: Optional[str] = None) -> tuple
     return target, files
 
 
-def claim_code(run_dir: str, spec: Any, ref: Mapping[str, Any], files: Mapping[str, str]) -> str:
-    """Record the code in a new run's run.json, or check it against the run's. Returns a line."""
+def claim_code(run_dir: str, spec: Any, ref: Mapping[str, Any], files: Mapping[str, str],
+               installed: Sequence[str] = ()) -> str:
+    """Record the code in a new run's run.json, or check it against the run's. Returns a line.
+    `installed`: the --requirements as pip resolved them (name==version)."""
     from training.run_identity import RUN_FILE, RunMismatch, join, read_json, write_json_once
 
     path = join(run_dir, RUN_FILE)
     stored = read_json(path)
     current = {"sha256": ref["sha256"], "entry": ref["entry"], "files": dict(files),
-               "pip": list(ref.get("pip") or [])}
+               "pip": list(ref.get("pip") or []), "pip_installed": list(installed)}
     if stored is None:
         record = {"v": 1, "created": time.time(), "program": "script",
                   "identity": {"code_sha256": ref["sha256"], "entry": ref["entry"]},
@@ -131,11 +133,12 @@ def inject_runtime_env(extra: Mapping[str, Any], environ: Any = os.environ) -> N
     environ[key] = json.dumps(config)
 
 
-def install_driver_packages(pip: Sequence[str], notice: Any) -> None:
+def install_driver_packages(pip: Sequence[str], notice: Any) -> list[str]:
     """The driver runs outside Ray's runtime_env: the same packages go into a directory on its
-    sys.path (pip --target, by the requirements' hash, reused by a retry on the same node)."""
+    sys.path (pip --target, by the requirements' hash, reused by a retry on the same node).
+    Returns what pip installed, as `name==version` (for run.json)."""
     if not pip:
-        return
+        return []
     import hashlib
 
     key = hashlib.sha256("\n".join(pip).encode()).hexdigest()[:16]
@@ -151,6 +154,9 @@ def install_driver_packages(pip: Sequence[str], notice: Any) -> None:
                              "file, or bake the packages into an image (--image)")
         os.replace(target + ".part", target)
     sys.path.insert(0, target)
+    from importlib.metadata import distributions
+
+    return sorted(f"{d.metadata['Name']}=={d.version}" for d in distributions(path=[target]))
 
 
 class _Sigterm:
@@ -212,8 +218,8 @@ def main(argv: Optional[Sequence[str]] = None, environ: Any = os.environ) -> int
         storage_root, run_dir, line = prepare_storage(spec, environ)
         notice(line)
         code_dir, files = unpack_bundle(read_bundle(ref, environ), ref["sha256"])
-        notice(claim_code(run_dir, spec, ref, files))
-        install_driver_packages(ref.get("pip") or [], notice)
+        installed = install_driver_packages(ref.get("pip") or [], notice)
+        notice(claim_code(run_dir, spec, ref, files, installed))
         inject_runtime_env(runtime_env(code_dir, ref.get("pip") or []), environ)
         from training import script_hooks
 

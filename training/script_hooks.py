@@ -204,8 +204,15 @@ def progress_fields(metrics: Mapping[str, Any], reports: int) -> dict[str, Any]:
             "tokens_per_sec": _number(metrics.get("tokens_per_sec")), "metrics": own}
 
 
-def _position(e: Mapping[str, Any]) -> tuple[int, int]:
-    return int(e.get("epoch") or 0), int(e.get("step") or 0)
+def position(metrics: Mapping[str, Any]) -> Optional[tuple[int, int]]:
+    """(epoch, step) as the script reported them, or None when it reports neither (then
+    whether it resumed cannot be told from its reports)."""
+    epoch = _number(metrics.get("epoch"))
+    step = next((_number(metrics[k]) for k in STEP_KEYS if _number(metrics.get(k)) is not None),
+                None)
+    if epoch is None and step is None:
+        return None
+    return int(epoch or 0), int(step or 0)
 
 
 class ScriptHub(Emitter):
@@ -217,7 +224,7 @@ class ScriptHub(Emitter):
         super().__init__(sinks, history)
         self.run_dir = run_dir
         progress = [e for e in history if e.get("type") == "progress"]
-        self._first = _position(progress[0]) if progress else None
+        self._first = position(progress[0].get("metrics") or {}) if progress else None
         # a script that reports no step: its steps continue the run's count
         self.reports = int(progress[-1].get("step") or 0) if progress else 0
         self.group_reports = 0
@@ -240,11 +247,12 @@ class ScriptHub(Emitter):
         self.reports += 1
         self.group_reports += 1
         fields = progress_fields(metrics, self.reports)
-        position = _position(fields)
+        here = position(metrics)
         if self.first_position is None:
-            self.first_position = self._history_first() or position
+            self.first_position = self._first or here
         if (self.group_reports == 1 and self.checkpoint_before and not self.warned
-                and position <= self.first_position):
+                and here is not None and self.first_position is not None
+                and here <= self.first_position):
             self.warned = True  # said once: `watch` prints it
             fields["from_scratch"] = self.checkpoint_before
         self.emit("progress", **fields)
@@ -267,9 +275,6 @@ class ScriptHub(Emitter):
 
     def failed(self, error: str, reason: Optional[str] = None) -> None:
         self.emit("run_failed", error=error, **({"reason": reason} if reason else {}))
-
-    def _history_first(self) -> Optional[tuple[int, int]]:
-        return self._first
 
 
 def _ray_user_callback() -> Any:
