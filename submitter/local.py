@@ -51,9 +51,22 @@ def local_spec(file_values: Mapping[str, Any], flags: Mapping[str, Any],
                storage_path: Optional[str] = None) -> JobSpec:
     """LOCAL_DEFAULTS < job file < flags; the storage path is the checked local one."""
     values = {**LOCAL_DEFAULTS, **normalize_keys(file_values)}
+    script = flags.get("script") or values.get("script")
+    if script and "name" not in flags and "name" not in normalize_keys(file_values):
+        values["name"] = script_run_name(str(script))
     values["storage_path"] = storage_path
     overrides = {k: v for k, v in flags.items() if k != "storage_path"}
     return JobSpec.build(values, **overrides)
+
+
+def script_run_name(script: str) -> str:
+    """A --script run's default name: the script's, as a job name (`My_Train.py` -> my-train),
+    so it never lands in the GPT-2 demo's run directory."""
+    import re
+
+    stem = os.path.splitext(os.path.basename(script))[0].lower()
+    name = re.sub(r"[^a-z0-9]+", "-", stem).strip("-")[:40].rstrip("-")
+    return name if name[:1].isalpha() else f"script-{name}".rstrip("-")
 
 
 @dataclass

@@ -112,3 +112,13 @@ def test_the_code_configmap_is_a_valid_object(tmp_path):
     objects = _by_kind(render(JobSpec.build(name="mine", script=str(d / "train.py"))))
     for key in (("ConfigMap", "mine-code"), ("Role", "mine-progress")):
         kubernetes_validate.validate(objects[key], "1.30.0", strict=True)
+
+
+def test_a_local_script_run_is_named_after_its_script():
+    from submitter.local import local_spec, script_run_name
+
+    assert script_run_name("/x/My_Train.v2.py") == "my-train-v2"
+    assert script_run_name("2fast.py") == "script-2fast"
+    assert local_spec({}, {"script": "/x/train.py"}, "/data/runs").name == "train"
+    assert local_spec({}, {"script": "/x/train.py", "name": "mine"}, "/data/runs").name == "mine"
+    assert local_spec({}, {}, "/data/runs").name == "gpt2-local"
