@@ -152,12 +152,14 @@ def code_context(spec: JobSpec) -> dict[str, Any]:
     """A --script job's program and code (submitter.code_plan): the runner's entrypoint, the
     bundle's ConfigMap (base64 binaryData) and the head's SUBMITTER_CODE; the GPT-2 job's
     entrypoint otherwise. The cluster side knows nothing else of which program runs."""
+    if spec.script is None:  # the GPT-2 job: render's start-up pays for no zip or hashing
+        return {"entrypoint": ENTRYPOINT, "configmap": None, "env": []}
+    import base64
+
     from submitter.code_plan import SCRIPT_ENTRYPOINT, code_plan
 
     plan = code_plan(spec)
-    if plan is None:
-        return {"entrypoint": ENTRYPOINT, "configmap": None, "env": []}
-    import base64
+    assert plan is not None
 
     from submitter.contract.code import BUNDLE_KEY, ENV_CODE
 
