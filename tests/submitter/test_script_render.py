@@ -122,3 +122,11 @@ def test_a_local_script_run_is_named_after_its_script():
     assert local_spec({}, {"script": "/x/train.py"}, "/data/runs").name == "train"
     assert local_spec({}, {"script": "/x/train.py", "name": "mine"}, "/data/runs").name == "mine"
     assert local_spec({}, {}, "/data/runs").name == "gpt2-local"
+
+
+def test_a_script_jobs_objects_validate_against_their_schemas(tmp_path):
+    from tests.support.schemas import validate_plan
+
+    d = _script_dir(tmp_path)
+    spec = JobSpec.build(name="mine", script=str(d / "train.py"), script_args=["--x"])
+    assert validate_plan(list(render(spec))) == []
