@@ -27,6 +27,8 @@ CHART_DIR = ROOT / "charts" / "submitter"
 
 #: What the chart does beyond JobSpec for a key (added to that key's comment and description).
 CHART_NOTES = {
+    "script": "the chart cannot pack code: render a --script job with `submitter render` "
+              "(it adds the code ConfigMap), the chart refuses it",
     "name": 'empty ("") = the Helm release name',
     "namespace": "when left at the default, the release namespace (helm -n) is used instead",
 }

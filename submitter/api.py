@@ -47,25 +47,63 @@ def render(spec: JobSpec) -> "Plan":
 
 @dataclass(frozen=True)
 class Submitted:
-    """What `submit` did: the rendered plan and the report the CLI would print."""
+    """What `submit` did: the rendered plan, the report the CLI prints, and the exit code
+    (with watch=True, the job's outcome as `submitter watch` gives it)."""
 
     name: str
     namespace: str
     plan: "Plan"
     report: str
+    exit_code: int = 0
 
 
 def submit(spec: JobSpec, *, dry_run: str = "none", context: str | None = None,
            kubeconfig: str | None = None, kube: "Kube | None" = None,
-           request_timeout: float | None = None) -> Submitted:
-    """Preflight and apply the job (dry_run: "none", "client" or "server"); does not wait."""
+           request_timeout: float | None = None, watch: bool = False, output: str = "text",
+           out: TextIO | None = None, err: TextIO | None = None) -> Submitted:
+    """Preflight and apply the job (dry_run: "none", "client" or "server"); with watch=True,
+    follow it to its end. What `submitter submit` runs: the report goes to `out`/`err` when
+    given (the CLI's streams), else into `Submitted.report`. The plan is rendered once (a
+    --script job's code is packed once, and a bucket bundle uploaded before the apply)."""
     from submitter.cluster import submit_job
 
     plan = render(spec)
-    out = io.StringIO()
-    submit_job(spec, dry_run=dry_run, output="text", context=context, kubeconfig=kubeconfig,
-               kube=kube, request_timeout=request_timeout, out=out, err=out)
-    return Submitted(spec.name, spec.namespace, plan, out.getvalue())
+    captured = io.StringIO() if out is None else None
+    code = submit_job(spec, plan=plan, dry_run=dry_run, watch=watch, output=output,
+                      context=context, kubeconfig=kubeconfig, kube=kube,
+                      request_timeout=request_timeout, out=out or captured,
+                      err=err or out or captured)
+    return Submitted(spec.name, spec.namespace, plan,
+                     captured.getvalue() if captured is not None else "", code)
+
+
+def follow(name: str, namespace: str | None = None, *, output: str = "text",
+           timeout: float | None = None, stall_timeout: float | None = None,
+           context: str | None = None, kubeconfig: str | None = None,
+           kube: "Kube | None" = None, out: TextIO | None = None,
+           err: TextIO | None = None) -> int:
+    """`submitter watch`: print the job's states and events (text or JSON lines) until it
+    ends; returns the exit code (0 succeeded, 1 failed, 3 timeout, 4 unobservable, 5 stalled,
+    130 Ctrl-C). `watch()` yields the same states as values."""
+    from submitter.cluster import watch_job
+
+    return watch_job(_kube(kube, context, kubeconfig), _namespace(namespace, context, kubeconfig),
+                     name, output=output, timeout=timeout, stall_timeout=stall_timeout, out=out,
+                     err=err)
+
+
+def jobs(namespace: str | None = None, *, all_namespaces: bool = False,
+         selector: str | None = None, states: tuple[str, ...] = (), context: str | None = None,
+         kubeconfig: str | None = None, kube: "Kube | None" = None) -> list["JobState"]:
+    """`submitter list`: every job submitter manages in the namespace (all with
+    all_namespaces), optionally by label selector and state (e.g. "RUNNING")."""
+    from submitter.cluster import list_jobs
+
+    found = list_jobs(_kube(kube, context, kubeconfig),
+                      None if all_namespaces else _namespace(namespace, context, kubeconfig),
+                      selector=selector)
+    wanted = {s.upper() for s in states}
+    return [s for s in found if not wanted or s.state in wanted]
 
 
 def _kube(kube: "Kube | None", context: str | None, kubeconfig: str | None) -> "Kube":

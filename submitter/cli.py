@@ -96,6 +96,13 @@ def spec_values(options: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]
     return file_values, flags
 
 
+def with_script_argv(options: dict[str, Any], argv: tuple[str, ...]) -> dict[str, Any]:
+    """`-- ARGS...` after the flags: the --script's arguments (after any --script-args)."""
+    if argv:
+        options["script_args"] = (*(options.get("script_args") or ()), *argv)
+    return options
+
+
 def build_spec(options: dict[str, Any], context: str | None = None, kubeconfig: str | None = None) -> JobSpec:
     """The job's spec; without -n and a job-file namespace, the kubeconfig context's (kubectl's rule)."""
     file_values, flags = spec_values(options)
@@ -199,7 +206,9 @@ def render_target(output: str | None, output_dir: str | None, helm_values: bool)
               help="write one file per object plus a kustomization.yaml into DIR (as -o DIR/)")
 @click.option("--helm-values", is_flag=True,
               help="print a values file for charts/submitter instead of the objects")
-def render(output: str | None, output_dir: str | None, helm_values: bool, **options: Any) -> None:
+@click.argument("script_argv", nargs=-1, metavar="[-- SCRIPT_ARGS...]")
+def render(output: str | None, output_dir: str | None, helm_values: bool,
+           script_argv: tuple[str, ...], **options: Any) -> None:
     """Render the job's Kubernetes objects (RayJob, PVC, RBAC) for GitOps; no cluster needed.
 
     -f reads a job file (snake_case keys), a Helm values file (camelCase keys) or the output of
@@ -217,7 +226,7 @@ def render(output: str | None, output_dir: str | None, helm_values: bool, **opti
     from submitter.render import render as render_plan  # what api.render wraps, lighter
 
     kind, directory = render_target(output, output_dir, helm_values)
-    spec = build_spec(options)
+    spec = build_spec(with_script_argv(options, script_argv))
     plan = render_plan(spec)  # storage policy first: nothing is written when it refuses
     grace_warning(spec)
     if helm_values:
@@ -307,8 +316,9 @@ def render_plan_checked(spec: JobSpec) -> None:
 @click.option("--watch", "watch_after", is_flag=True, help="watch the job after submitting")
 @click.option("-o", "--output", type=click.Choice(["text", "yaml", "json"]), default="text",
               help="output format")
+@click.argument("script_argv", nargs=-1, metavar="[-- SCRIPT_ARGS...]")
 def submit(local: bool, dry_run: str, watch_after: bool, output: str, kube_context: str | None,
-           kubeconfig: str | None, **options: Any) -> None:
+           kubeconfig: str | None, script_argv: tuple[str, ...], **options: Any) -> None:
     """Submit the job: apply its RayJob, PVC and RBAC to the cluster, or run it with --local.
 
     \b
@@ -317,17 +327,21 @@ def submit(local: bool, dry_run: str, watch_after: bool, output: str, kube_conte
       submitter submit --name gpt2-demo --replicas 8 --gpu-per-pod 1
       submitter submit --name gpt2-demo --dry-run=client -o yaml
       submitter submit -f job.yaml --watch
+      submitter submit --name my-run --script train.py -- --lr 3e-4   # your own Ray Train script
     """
+    options = with_script_argv(options, script_argv)
     if local:
         from submitter.local import run_local
 
         file_values, flags = spec_values(options)
         sys.exit(run_local(file_values, flags, output=output))
-    from submitter.cluster import submit_job
+    from submitter import api
 
     spec = build_spec(options, kube_context, kubeconfig)
-    sys.exit(submit_job(spec, dry_run=dry_run, watch=watch_after, output=output,
-                        context=kube_context, kubeconfig=kubeconfig, request_timeout=request_timeout()))
+    sys.exit(api.submit(spec, dry_run=dry_run, watch=watch_after, output=output,
+                        context=kube_context, kubeconfig=kubeconfig,
+                        request_timeout=request_timeout(), out=sys.stdout,
+                        err=sys.stderr).exit_code)
 
 
 def _complete_job_names(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[str]:

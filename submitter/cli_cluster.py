@@ -147,12 +147,12 @@ def watch(name: str, namespace: str, timeout: str | None, stall_timeout: str | N
       submitter watch gpt2-demo -n team-a --timeout 2h
       submitter watch gpt2-demo -o json | jq 'select(.kind=="event")'
     """
-    from submitter.cluster import watch_job
+    from submitter import api
 
     seconds = parse_duration(timeout) if timeout else None
     stall = parse_duration(stall_timeout, "--stall-timeout") if stall_timeout else None
-    sys.exit(watch_job(_kube(kube_context, kubeconfig), namespace, name, output=output, timeout=seconds,
-                       stall_timeout=stall))
+    sys.exit(api.follow(name, namespace, output=output, timeout=seconds, stall_timeout=stall,
+                        kube=_kube(kube_context, kubeconfig)))
 
 
 @click.command()
@@ -199,12 +199,11 @@ def list_command(namespace: str, all_namespaces: bool, selector: str | None, sta
       submitter list -l team=nlp --state RUNNING --state STARTING -o wide
       submitter list -A -o json
     """
-    from submitter.cluster import list_jobs
+    from submitter import api
 
-    found = list_jobs(_kube(kube_context, kubeconfig), None if all_namespaces else namespace,
-                      selector=selector)
+    found = api.jobs(namespace, all_namespaces=all_namespaces, selector=selector, states=states,
+                     kube=_kube(kube_context, kubeconfig))
     wanted = {s.upper() for s in states}
-    found = [s for s in found if not wanted or s.state in wanted]
     if not found and output in ("table", "wide"):
         where = "any namespace" if all_namespaces else f"namespace {namespace}"
         filters = "".join([f" matching {selector}" if selector else "",

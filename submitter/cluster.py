@@ -47,7 +47,8 @@ class ApplyReport:
         return f"applied: {done}; not applied: {', '.join(self.pending) or 'nothing'}"
 
 
-def submit_job(spec: JobSpec, *, dry_run: str = "none", watch: bool = False, output: str = "text",
+def submit_job(spec: JobSpec, *, plan: Plan | None = None, dry_run: str = "none",
+               watch: bool = False, output: str = "text",
                context: str | None = None, kubeconfig: str | None = None, kube: Kube | None = None,
                request_timeout: float | None = None, out: TextIO | None = None,
                err: TextIO | None = None) -> int:
@@ -57,7 +58,8 @@ def submit_job(spec: JobSpec, *, dry_run: str = "none", watch: bool = False, out
     that no object of a derived name belongs to someone else), a server dry run of every
     object, and only then the writes: a rejection at any step leaves nothing behind."""
     out, err = out or sys.stdout, err or sys.stderr
-    plan = render(spec)  # the storage policy refuses before anything touches the cluster
+    if plan is None:  # api.submit passes the plan it rendered: one render per submit
+        plan = render(spec)  # the storage policy refuses before anything touches the cluster
     if dry_run == "client":
         _print_objects(list(plan), "json" if output == "json" else "yaml", out)
         return 0
@@ -68,6 +70,13 @@ def submit_job(spec: JobSpec, *, dry_run: str = "none", watch: bool = False, out
     rayjob = live.get(f"rayjob/{spec.name}")
     if rayjob is not None:
         refuse_drift(plan.get("RayJob") or {}, rayjob, spec.namespace)
+    if dry_run == "none":  # a --script job's large code bundle goes to the run's bucket first
+        from submitter.code_plan import code_plan, upload
+
+        code = code_plan(spec)
+        line = upload(code) if code is not None else None
+        if line:
+            err.write(line + "\n")
     report, applied = install(kube, objects, live, dry_run_only=dry_run == "server")
     if output in ("json", "yaml"):
         _print_objects(applied, output, out, compact=watch)  # with --watch: JSON lines follow

@@ -21,6 +21,8 @@ def describe(event: Mapping[str, Any]) -> Optional[str]:
         return (f"run {event['run_name']} started: {event['num_workers']} worker(s), "
                 f"{event.get('epochs', '?')} epoch(s) x {event.get('steps_per_epoch', '?')} steps, "
                 f"storage {event['storage_path']}")
+    if t == "progress" and "metrics" in event:  # a --script run: its own metric names
+        return script_progress(event)
     if t == "progress":
         return (f"epoch {event['epoch']} step {event['step']:>5}  loss {fmt(event['loss'])}  "
                 f"lr {fmt(event['lr'], '.2e')}  {fmt(event['tokens_per_sec'], ',.0f')} tok/s")
@@ -52,6 +54,23 @@ def describe(event: Mapping[str, Any]) -> Optional[str]:
     return None
 
 
+
+
+#: The most metrics of a script's report one line shows.
+SCRIPT_METRICS_SHOWN = 6
+
+
+def script_progress(event: Mapping[str, Any]) -> str:
+    """A --script run's report: its epoch and step, then its own metrics; once, when the run
+    had a checkpoint but the report starts from scratch, a line saying so."""
+    shown = [(k, v) for k, v in sorted(event["metrics"].items()) if k not in ("epoch", "step")]
+    line = f"epoch {event['epoch']} step {event['step']:>5}  " + "  ".join(
+        f"{k} {fmt(v, '.4g')}" for k, v in shown[:SCRIPT_METRICS_SHOWN])
+    if event.get("from_scratch"):
+        line += (f"\nwarning: the run had a checkpoint ({event['from_scratch']}) but the script's "
+                 "first report starts from scratch: call ray.train.get_checkpoint() at the start "
+                 "of the training function (docs/own-script.md)")
+    return line
 
 
 def eta_text(progress: Any, now: Any = None) -> Optional[str]:

@@ -42,7 +42,8 @@ def delete_job(kube: Kube, namespace: str, name: str, *, delete_pvc: str | None 
     first delete."""
     n = job_names(name, namespace)
     targets = [("RayJob", name), ("NetworkPolicy", name), ("RoleBinding", n["progress"]),
-               ("Role", n["progress"]), ("ServiceAccount", n["progress"]), ("ConfigMap", n["progress"])]
+               ("Role", n["progress"]), ("ServiceAccount", n["progress"]), ("ConfigMap", n["progress"]),
+               ("ConfigMap", n["code"])]  # a --script job's code bundle
     found = [(kind, obj_name, kube.find(kind, namespace, obj_name)) for kind, obj_name in targets]
     rayjob = found[0][2]
     if rayjob is not None and not_ours(rayjob, namespace, name):

@@ -51,9 +51,22 @@ def local_spec(file_values: Mapping[str, Any], flags: Mapping[str, Any],
                storage_path: Optional[str] = None) -> JobSpec:
     """LOCAL_DEFAULTS < job file < flags; the storage path is the checked local one."""
     values = {**LOCAL_DEFAULTS, **normalize_keys(file_values)}
+    script = flags.get("script") or values.get("script")
+    if script and "name" not in flags and "name" not in normalize_keys(file_values):
+        values["name"] = script_run_name(str(script))
     values["storage_path"] = storage_path
     overrides = {k: v for k, v in flags.items() if k != "storage_path"}
     return JobSpec.build(values, **overrides)
+
+
+def script_run_name(script: str) -> str:
+    """A --script run's default name: the script's, as a job name (`My_Train.py` -> my-train),
+    so it never lands in the GPT-2 demo's run directory."""
+    import re
+
+    stem = os.path.splitext(os.path.basename(script))[0].lower()
+    name = re.sub(r"[^a-z0-9]+", "-", stem).strip("-")[:40].rstrip("-")
+    return name if name[:1].isalpha() else f"script-{name}".rstrip("-")
 
 
 @dataclass
@@ -86,11 +99,19 @@ def child_command() -> list[str]:
     return [sys.executable, "-m", "training"]
 
 
+def script_command() -> list[str]:
+    """A --script job's pod command (submitter.code_plan.SCRIPT_ENTRYPOINT), with this interpreter."""
+    return [sys.executable, "-m", "training.run_script"]
+
+
 def follow_child(spec: JobSpec, storage: str, view: "PlainView") -> LocalOutcome:
     """Run `python -m training` with the job document; show its events as they come."""
-    env = {**os.environ, ENV_JOB: spec.document(), "PYTHONUNBUFFERED": "1"}
+    from submitter.code_plan import local_code_env
+
+    env = {**os.environ, ENV_JOB: spec.document(), "PYTHONUNBUFFERED": "1",
+           **local_code_env(spec)}
     env.pop("RAY_ADDRESS", None)  # always an embedded Ray, never someone's cluster
-    proc = subprocess.Popen(child_command(), env=env, stdout=subprocess.PIPE, text=True,
+    proc = subprocess.Popen(child_command() if spec.script is None else script_command(), env=env, stdout=subprocess.PIPE, text=True,
                             encoding="utf-8", errors="replace", bufsize=1,
                             start_new_session=True)  # Ctrl-C reaches it once: forwarded below
     reader = _Reader(proc, view)
@@ -112,9 +133,10 @@ def follow_child(spec: JobSpec, storage: str, view: "PlainView") -> LocalOutcome
                                 "storage path to continue from the last checkpoint")
         return LocalOutcome(False, state, run_dir, error, 130)
     ok = code == 0 and state.status == "finished"
+    program = "python -m training" if spec.script is None else "python -m training.run_script"
     error = None if ok else (state.error or (
-        "python -m training refused to start (exit 2: the reason is the error line above)"
-        if code == 2 else f"python -m training exited with code {code}"))
+        f"{program} refused to start (exit 2: the reason is the error line above)"
+        if code == 2 else f"{program} exited with code {code}"))
     return LocalOutcome(ok, state, run_dir, error, 0 if ok else (2 if code == 2 else 1))
 
 

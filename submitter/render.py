@@ -22,7 +22,8 @@ from submitter.contract.storage import StorageDecision, check_job_storage, check
 from submitter.plan import Plan
 
 #: One template per object kind, in apply order (the PVC and RBAC exist before the RayJob).
-TEMPLATES = ("pvc", "serviceaccount", "role", "rolebinding", "configmap", "networkpolicy", "rayjob")
+TEMPLATES = ("pvc", "serviceaccount", "role", "rolebinding", "configmap", "code", "networkpolicy",
+             "rayjob")
 #: Kueue's label naming the LocalQueue of a workload; a RayJob for Kueue starts suspended.
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 #: Kueue's opt-in to workload slicing (Kueue >= 0.13, feature gate ElasticJobsViaWorkloadSlices):
@@ -113,6 +114,7 @@ def context(spec: JobSpec) -> dict[str, Any]:
     worker_env = _env(spec, n["progress"], pod_network.worker_env(spec.gpu_per_pod, spec.env,
                                                                   spec.secret_env))
     labels = {**spec.label, **naming.labels(spec.name)}
+    code = code_context(spec)
     service_account = spec.service_account or n["progress"]
     return {
         "spec": spec.to_dict(),
@@ -147,13 +149,34 @@ def context(spec: JobSpec) -> dict[str, Any]:
         "create_pvc": on_pvc and spec.existing_pvc is None,
         "mount_pvc": on_pvc,
         "checkpoint_volume": naming.CHECKPOINT_VOLUME,
-        "entrypoint": ENTRYPOINT,
+        "entrypoint": code["entrypoint"],
+        "code": code,
         "lifecycle": lifecycle(spec),
         "env": env,
         "worker_env": worker_env,
         # the driver runs on the head: only its container carries the job document
-        "head_env": env + [{"name": naming.ENV_JOB, "value": spec.document()}],
+        "head_env": env + [{"name": naming.ENV_JOB, "value": spec.document()}] + code["env"],
     }
+
+
+def code_context(spec: JobSpec) -> dict[str, Any]:
+    """A --script job's program and code (submitter.code_plan): the runner's entrypoint, the
+    bundle's ConfigMap (base64 binaryData) and the head's SUBMITTER_CODE; the GPT-2 job's
+    entrypoint otherwise. The cluster side knows nothing else of which program runs."""
+    if spec.script is None:  # the GPT-2 job: render's start-up pays for no zip or hashing
+        return {"entrypoint": ENTRYPOINT, "configmap": None, "env": []}
+    import base64
+
+    from submitter.code_plan import SCRIPT_ENTRYPOINT, code_plan
+
+    plan = code_plan(spec)
+    assert plan is not None
+
+    from submitter.contract.code import BUNDLE_KEY, ENV_CODE
+
+    return {"entrypoint": SCRIPT_ENTRYPOINT, "configmap": plan.configmap, "key": BUNDLE_KEY,
+            "data": base64.b64encode(plan.bundle.data).decode("ascii") if plan.configmap else "",
+            "env": [{"name": ENV_CODE, "value": plan.env_value}]}
 
 
 def render(spec: JobSpec) -> Plan:

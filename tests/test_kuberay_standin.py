@@ -393,3 +393,60 @@ def test_sigterm_to_the_head_pod_checkpoints_and_the_rayjob_retry_resumes_there(
     assert second.cluster != first.cluster
     # the rendered preStop hook did it: it found the driver in the head pod (and only there)
     assert "SIGTERM to 1 training process" in ended[0].prestop.get("output", ""), ended[0].prestop
+
+
+def test_your_own_script_ships_in_a_configmap_or_the_bucket_and_resumes_after_a_worker_pod_loss(
+        cluster, tmp_path):
+    """`--script`: the code travels as a cluster gets it. A TorchTrainer script in the job's
+    code ConfigMap (read by the head with the Role's `get`): its reports are the run's events,
+    with its own metric names; a lost worker pod resumes it from its last checkpoint. Then a
+    Ray Data script whose working directory is too large for a ConfigMap: the bundle goes to
+    the run's bucket, and the pods take it from there."""
+    from submitter.contract import code
+
+    scripts = Path(__file__).parent / "scripts"
+    cluster.submit(script=str(scripts / "torch_regression.py"), working_dir=str(scripts),
+                   script_args=["--epochs", "12", "--sleep", "1"])
+    assert cluster.api.emulator.get("v1/configmaps", "default", f"{NAME}-code") is not None
+    cluster.standin.run(NAME)
+    killed: list = []
+
+    def kill_after_the_first_checkpoint():
+        wait_for("a checkpoint", lambda: first_checkpoint(cluster))
+        worker = cluster.standin.pods("worker")[0]
+        cluster.standin.kill_pod(worker)
+        killed.append(worker.name)
+
+    watched = watch_while(cluster, kill_after_the_first_checkpoint)
+    assert killed and "mse" in watched.output  # the script's own metrics, in watch
+    events = cluster.configmap_events()
+    restarts = [e for e in events if e["type"] == "worker_group_restarted"]
+    assert restarts, [e["type"] for e in events]
+    saved = [e for e in events if e["type"] == "checkpoint_saved" and e["seq"] < restarts[0]["seq"]]
+    assert saved and restarts[0]["resumed_from"] == saved[-1]["path"]
+    after = [e for e in events if e["type"] == "progress" and e["seq"] > restarts[0]["seq"]]
+    assert after and after[0]["epoch"] > 0 and not after[0].get("from_scratch")  # not from 0
+    assert [e["type"] for e in cluster.bucket_events()][-1] == "run_finished"
+    record = json.loads(cluster.s3.read_text(f"{BUCKET}/runs/default/{NAME}/run.json"))
+    assert record["code"]["entry"] == "torch_regression.py"
+    for attempt in cluster.standin.attempts:  # the hub (ConfigMap writer) ran on the head
+        nodes = attempt.node_of("ScriptHub")
+        assert nodes and all(n.get("is_head_node") for n in nodes), attempt.actors
+
+    big = tmp_path / "project"
+    big.mkdir()
+    (big / "ray_data_mean.py").write_text((scripts / "ray_data_mean.py").read_text())
+    (big / "weights.bin").write_bytes(os.urandom(code.CONFIGMAP_LIMIT + 1024))
+    job = yaml.safe_load(Path(job_file(tmp_path)).read_text())
+    job.update(name="standin-big", script=str(big / "ray_data_mean.py"), script_args=["2"])
+    (tmp_path / "big.yaml").write_text(yaml.safe_dump(job))
+    submitted = cluster.cli("submit", "-f", str(tmp_path / "big.yaml"))
+    assert submitted.exit_code == 0 and "uploaded to s3://" in submitted.output, submitted.output
+    assert cluster.api.emulator.get("v1/configmaps", "default", "standin-big-code") is None
+    cluster.standin.run("standin-big")
+    watched = cluster.cli("watch", "standin-big", "--timeout", WATCH_TIMEOUT)
+    assert watched.exit_code == 0, watched.output + cluster.explain()
+    text = cluster.s3.read_text(f"{BUCKET}/runs/default/standin-big/{naming.EVENTS_FILE}")
+    progress = [e for e in ev.parse_lines(text or "") if e["type"] == "progress"]
+    assert [e["epoch"] for e in progress] == [0, 1] and "estimate" in progress[-1]["metrics"]
+    assert any(o.endswith(".zip") for o in cluster.s3.list(f"{BUCKET}/runs/default/standin-big/code"))

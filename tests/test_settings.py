@@ -50,11 +50,17 @@ SAMPLES = {
     "ray_auth": "disabled", "network_policy": False, "termination_grace_period": 30,
     "operator_selector": "app=kuberay,team=platform", "metrics_selector": "",
     "dashboard_cidr": ["172.16.0.0/28"],
+    # your own script (absolute: the test's working directory is not the script's)
+    "script": str(ROOT / "tests/scripts/plain.py"), "working_dir": str(ROOT / "tests/scripts"),
+    "requirements": str(ROOT / "tests/scripts/requirements.txt"), "allow_code_change": True,
+    "script_args": ["3", "fast"],
 }
 #: Settings a sample needs another one for (the one rule across fields).
 NEEDS = {"fsdp": {"gpu_per_pod": 1}, "storage_access_mode": {"storage_path": "s3://b/r"},
          "gpu_type": {"gpu_per_pod": 1},
-         "queue": {"replicas": "1:3"}}  # a queued elastic group: Kueue's elastic-job annotation
+         "queue": {"replicas": "1:3"},
+         **{name: {"script": str(ROOT / "tests/scripts/plain.py")} for name in
+            ("working_dir", "requirements", "allow_code_change", "script_args")}}  # a queued elastic group: Kueue's elastic-job annotation
 
 
 def test_every_setting_has_a_sample():

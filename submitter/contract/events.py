@@ -45,14 +45,20 @@ OPTIONAL: dict[str, frozenset[str]] = {
     # run_dir: where the run lives (`<storage>/<namespace>/<name>` for a cluster run)
     "run_started": frozenset({"run_dir", "model", "params", "tokenizer", "data", "epochs",
                               "steps_per_epoch", "block_size", "batch_size_per_worker",
-                              "precision", "compile"}),
+                              "precision", "compile",
+                              # a --script run: the script's name in its code bundle
+                              "script"}),
     # the first progress event of every (re)start says how the workers train; with compile on,
     # compile_s is the seconds the first step spent compiling (a restart that finds the run's
     # compile cache spends a few), and the inductor cache's hits/misses (fxgraph_cache_hit ...)
     "progress": frozenset({"data_wait_fraction", "precision", "accumulation_steps",
                            "micro_batch_size", "parallel",
                            "tf32", "grad_compression", "compile", "compile_s", "compile_cache",
-                           "fxgraph_cache_hit", "fxgraph_cache_miss"}),
+                           "fxgraph_cache_hit", "fxgraph_cache_miss",
+                           # a --script run: rank 0's reported metrics, by the script's names;
+                           # from_scratch: the checkpoint the run had when its first report
+                           # started over (said once; the script ignores get_checkpoint())
+                           "metrics", "from_scratch"}),
     # sent by Ray Train's controller once the checkpoint is registered (what a resume uses):
     # registered is true; reason is epoch_end | interval | preemption (SIGTERM); stall_s: the
     # seconds training paused for it (the upload runs behind training)
@@ -63,6 +69,8 @@ OPTIONAL: dict[str, frozenset[str]] = {
                                "export_dir", "sample_prompt", "sample", "export_error"}),
     # reason: preemption when the driver got SIGTERM (the run is retryable)
     "run_failed": frozenset({"reason"}),
+    # a --script run: error, one line per failed worker (rank: exception)
+    "worker_group_restarted": frozenset({"error"}),
     "tracker_recovered": frozenset({"down_s"}),
 }
 

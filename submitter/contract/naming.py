@@ -24,6 +24,7 @@ def object_names(name: str, existing_pvc: str | None = None) -> dict[str, str]:
         "rayjob": name,
         "pvc": existing_pvc or f"{name}-checkpoints",
         "progress": f"{name}-progress",  # ServiceAccount, Role, RoleBinding and ConfigMap
+        "code": f"{name}-code",  # a --script job's code bundle (binaryData)
     }
 
 

@@ -529,6 +529,15 @@ def _mount(v: str) -> str | None:
                         f"{_show(v)} is not absolute; use e.g. /mnt/checkpoints")
 
 
+@_schema({"items": {"type": "string", "maxLength": MAX_TEXT, "pattern": "^[^\\x00]*$"}})
+def _script_args(v: list) -> str | None:
+    """--script's arguments: any text but NUL (argv cannot carry it)."""
+    for item in v:
+        if "\x00" in item:
+            return f"{_show(item)} contains a NUL character"
+    return None
+
+
 # --- the spec -----------------------------------------------------------------------------------
 
 # repr, eq and hash are written below, not generated: generating them for ~75 fields (one exec
@@ -569,6 +578,27 @@ class JobSpec:
                                          check=_label_map("annotation", False, True),
                                          help="annotation on every object and pod of the job "
                                               "(repeatable)")
+
+    # --- job: your own Ray Train script instead of the GPT-2 entrypoint (submitter.contract.code) ---
+    script: Optional[str] = setting(
+        None, group="job", check=_text, metavar="FILE",
+        help="run your own Ray Train script (python -m training.run_script runs it as "
+             "__main__, with the storage, resume and events of the GPT-2 job); its "
+             "--working-dir is shipped to the pods")
+    working_dir: Optional[str] = setting(
+        None, group="job", check=_text, metavar="DIR",
+        help="directory shipped with --script, content-hashed (default: the script's "
+             "directory; .git, caches and .submitterignore/.gitignore entries left out)")
+    requirements: Optional[str] = setting(
+        None, group="job", check=_text, metavar="FILE",
+        help="pip requirements installed into the pods' Python at start for --script (Ray "
+             "runtime_env pip); names and versions go into run.json")
+    allow_code_change: bool = setting(
+        False, group="job",
+        help="let a --script run resume although its code differs from the run's (run.json)")
+    script_args: list[str] = setting(
+        [], group="job", metavar="ARG", check=_script_args,
+        help="arguments of --script (repeatable; on the command line: -- ARGS...)")
 
     # --- resources ----------------------------------------------------------------------------
     replicas: str = setting(
@@ -789,6 +819,10 @@ class JobSpec:
         if self.gpu_type is not None and not self.gpu_per_pod:
             raise SpecError(f"--gpu-type {self.gpu_type} selects GPU nodes for GPU workers: add "
                             "--gpu-per-pod N, or leave out --gpu-type")
+        if self.script is None and (self.working_dir or self.requirements or self.script_args
+                                    or self.allow_code_change):
+            raise SpecError("--working-dir, --requirements, --allow-code-change and script "
+                            "arguments belong to --script: add --script FILE, or leave them out")
         _check_fit(self)
         problem = memory_problem(self.model, self.workers_per_pod, self.memory_per_pod,
                                  self.head_memory)

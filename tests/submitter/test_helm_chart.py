@@ -471,6 +471,10 @@ PROBES: dict[str, list[Any]] = {
     "dashboard_cidr": [[], ["10.0.0.0/8"], ["172.16.0.0/28", "0.0.0.0/0"], ["::/0"], ["2001:db8::/32"],
                        ["10.0.0.1/8"], ["x"], ["10.0.0.0/33"], ["300.0.0.0/8"], ["10.0.0.0"], [""]],
     "compile": ["auto", "on", "off", "yes", "", "On"],
+    # your own script: render packs it, the chart cannot (it refuses each, as render refuses
+    # the others without a script)
+    "script": [None, "train.py"], "working_dir": [None, "."], "requirements": [None, "r.txt"],
+    "script_args": [[], ["--lr", "3"]],
 }
 for _f in fields():  # every yes/no and whole-number field: both sides agree at the bounds
     _kind = field_types()[_f.name]

@@ -561,7 +561,9 @@ class KubeRayStandIn:
         account = pod_spec.get("serviceAccountName") or "default"
         env = {"PATH": f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin",
                "LANG": os.environ.get("LANG", "C.UTF-8"), "HOME": str(root / "home"),
-               "HOSTNAME": name, "PYTHONPATH": str(SITE), "STANDIN_POD_ROOT": str(root),
+               "HOSTNAME": name,
+               # the image is this checkout: its own `training` (not whatever copy pip installed)
+               "PYTHONPATH": f"{SITE}{os.pathsep}{SITE.parents[2]}", "STANDIN_POD_ROOT": str(root),
                "KUBERNETES_SERVICE_HOST": "127.0.0.1", "KUBERNETES_SERVICE_PORT": str(self.api_port),
                "KUBERNETES_SERVICE_PORT_HTTPS": str(self.api_port)}
         env.update(injected)

@@ -1,0 +1,75 @@
+"""A user's Ray Train script, as a submitter test runs it: y = 3x + 1 learned by a TorchTrainer.
+
+It knows nothing of submitter (no storage_path, no run name): the runner gives those. It
+resumes with the pattern of docs/own-script.md, reports `loss` and its own `mse`, and
+checkpoints on SIGTERM with training.script.should_stop(). Test knobs (arguments):
+--epochs N, --workers N, --crash-once FILE (rank 1 dies once at epoch 2: a worker failure),
+--storage-path P (the script sets its own, which the runner checks), --sleep S per epoch.
+"""
+
+import argparse
+import os
+import tempfile
+import time
+
+import ray.train
+import torch
+from ray.train import Checkpoint, FailureConfig, RunConfig, ScalingConfig
+from ray.train.torch import TorchTrainer
+
+from training.script import Preempted, should_stop
+
+
+def train_func(config):
+    model = torch.nn.Linear(1, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    start = 0
+    checkpoint = ray.train.get_checkpoint()             # the resume pattern
+    if checkpoint:
+        with checkpoint.as_directory() as d:
+            state = torch.load(os.path.join(d, "state.pt"))
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["opt"])
+        start = state["epoch"] + 1
+    model = ray.train.torch.prepare_model(model)
+    x = torch.linspace(-1, 1, 64).unsqueeze(1)
+    y = 3 * x + 1
+    rank = ray.train.get_context().get_world_rank()
+    for epoch in range(start, config["epochs"]):
+        if config["crash_once"] and epoch == 2 and rank == 1 and not os.path.exists(config["crash_once"]):
+            open(config["crash_once"], "w").close()
+            os._exit(1)                                   # a worker dies mid-run
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        time.sleep(config["sleep"])
+        with tempfile.TemporaryDirectory() as d:
+            if rank == 0:
+                inner = model.module if hasattr(model, "module") else model
+                torch.save({"model": inner.state_dict(), "opt": opt.state_dict(), "epoch": epoch},
+                           os.path.join(d, "state.pt"))
+            ray.train.report({"epoch": epoch, "loss": loss.item(), "mse": loss.item()},
+                             checkpoint=Checkpoint.from_directory(d) if rank == 0 else None)
+        if should_stop():
+            raise Preempted("checkpointed on SIGTERM")
+
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser()
+    p.add_argument("--epochs", type=int, default=4)
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--crash-once", default="")
+    p.add_argument("--storage-path", default=None)
+    p.add_argument("--sleep", type=float, default=0.0)
+    a = p.parse_args()
+    run_config = RunConfig(storage_path=a.storage_path,
+                           failure_config=FailureConfig(max_failures=2))
+    trainer = TorchTrainer(train_func,
+                           train_loop_config={"epochs": a.epochs, "crash_once": a.crash_once,
+                                              "sleep": a.sleep},
+                           scaling_config=ScalingConfig(num_workers=a.workers,
+                                                        resources_per_worker={"CPU": 0.5}),
+                           run_config=run_config)
+    result = trainer.fit()
+    print("final loss", result.metrics.get("loss"))

@@ -1,0 +1,146 @@
+"""The runner's parts without Ray: RunConfig defaults and refusals, the events a report becomes,
+the code's identity in run.json."""
+
+from __future__ import annotations
+
+import json
+import runpy
+from pathlib import Path
+
+import pytest
+
+from submitter.contract import code
+from submitter.contract.spec import JobSpec
+from training import script_hooks as hooks
+from training.run_identity import RunMismatch
+from training.run_script import claim_code, inject_runtime_env, runtime_env
+
+
+def _settings(tmp_path, script_file="train.py"):
+    return hooks.Settings(storage_root=str(tmp_path / "runs"), name="mine",
+                          run_dir=str(tmp_path / "runs" / "mine"),
+                          script_file=str(tmp_path / script_file), entry=script_file,
+                          storage_mount="/mnt/checkpoints", allow_ephemeral=False,
+                          access_mode="ReadWriteMany", environ={})
+
+
+def test_a_run_config_gets_the_runs_directory_and_name_and_the_events(tmp_path):
+    s = _settings(tmp_path)
+    out = hooks.configure_run_config({"callbacks": ["theirs"]}, s)
+    assert out["storage_path"] == s.storage_root and out["name"] == "mine"
+    assert out["callbacks"][0] == "theirs" and isinstance(out["callbacks"][1], hooks.ScriptEvents)
+    # the script's own name and a shared path of its own are kept
+    mine = str(Path.home() / "kept-runs")
+    kept = hooks.configure_run_config({"name": "other", "storage_path": mine}, s)
+    assert kept["name"] == "other" and kept["storage_path"] == mine
+
+
+def test_an_ephemeral_storage_path_is_refused_naming_the_scripts_line(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text("import sys\n\n"
+                      "configure(dict(storage_path='/tmp/scratch'), settings)\n")
+    s = _settings(tmp_path)
+    with pytest.raises(hooks.ScriptStorageRefused) as e:
+        runpy.run_path(str(script), {"configure": hooks.configure_run_config, "settings": s})
+    line = str(e.value)
+    assert line.startswith("train.py:3: RunConfig(storage_path='/tmp/scratch') is refused")
+    assert "leave storage_path out" in line and "\n" not in line
+
+
+def test_a_report_becomes_progress_with_the_scripts_own_metrics():
+    fields = hooks.progress_fields({"epoch": 2, "loss": 0.5, "acc": 0.9, "note": "x",
+                                    "global_step": 40}, reports=7)
+    assert fields == {"epoch": 2, "step": 40, "loss": 0.5, "lr": None, "tokens_per_sec": None,
+                      "metrics": {"epoch": 2, "loss": 0.5, "acc": 0.9, "global_step": 40}}
+    assert hooks.progress_fields({"mse": float("nan")}, reports=3)["step"] == 3
+
+
+def _hub(tmp_path):
+    return hooks.ScriptHub(str(tmp_path / "run"), {})
+
+
+def test_reports_become_events_and_a_restart_that_ignores_the_checkpoint_is_said_once(tmp_path):
+    hub = _hub(tmp_path)
+    hub.started("mine", 2, str(tmp_path), "train.py")
+    hub.report({"epoch": 0, "loss": 1.0}, str(tmp_path / "run/checkpoint_0"))
+    hub.report({"epoch": 1, "loss": 0.5}, None)
+    hub.failed_workers({1: "RuntimeError: boom"})
+    hub.report({"epoch": 0, "loss": 1.0}, None)  # the new group started over
+    hub.report({"epoch": 0, "loss": 1.0}, None)
+    types = [e["type"] for e in hub.session]
+    assert types == ["run_started", "progress", "checkpoint_saved", "progress",
+                     "worker_group_restarted", "progress", "progress"]
+    restarted = hub.session[4]
+    assert restarted["attempt"] == 1 and restarted["resumed_from"].endswith("checkpoint_0")
+    assert "rank 1: RuntimeError: boom" in restarted["error"]
+    flagged = [e for e in hub.session if e.get("from_scratch")]
+    assert len(flagged) == 1 and flagged[0] is hub.session[5]
+    # a new driver on the same run: run_resumed; a script that resumes is not flagged
+    again = _hub(tmp_path)
+    again.started("mine", 2, str(tmp_path), "train.py")
+    again.report({"epoch": 2, "loss": 0.2}, None)
+    assert [e["type"] for e in again.session] == ["run_started", "run_resumed", "progress"]
+    assert not again.session[-1].get("from_scratch")
+    assert again.finished()["latest_checkpoint"].endswith("checkpoint_0")
+    written = {json.loads(x)["seq"] for x in
+               (tmp_path / "run" / "events.jsonl").read_text().splitlines()}
+    assert {e["seq"] for e in hub.session + again.session} <= written  # seq continues
+
+
+def _ref(files):
+    return {"sha256": code.manifest_hash(files), "entry": "train.py", "pip": ["numpy"]}
+
+
+def test_the_code_is_the_runs_identity(tmp_path):
+    run_dir = str(tmp_path / "run")
+    spec = JobSpec.build(name="mine", script="train.py")
+    first = {"train.py": "a" * 64, "lib.py": "b" * 64}
+    assert "new" in claim_code(run_dir, spec, _ref(first), first)
+    record = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert record["code"]["sha256"] == code.manifest_hash(first)
+    assert record["code"]["pip"] == ["numpy"] and record["program"] == "script"
+    assert "same code" in claim_code(run_dir, spec, _ref(first), first)
+    changed = {"train.py": "c" * 64, "new.py": "d" * 64}
+    with pytest.raises(RunMismatch, match=r"lib\.py, new\.py, train\.py differ.*--allow-code-change"):
+        claim_code(run_dir, spec, _ref(changed), changed)
+    allowed = JobSpec.build(name="mine", script="train.py", allow_code_change=True)
+    assert "changed code" in claim_code(run_dir, allowed, _ref(changed), changed)
+
+
+def test_a_gpt2_run_directory_is_not_taken_by_a_script(tmp_path):
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "run.json").write_text(json.dumps({"v": 1, "identity": {"model": "tiny"}}))
+    files = {"train.py": "a" * 64}
+    with pytest.raises(RunMismatch, match="GPT-2 entrypoint"):
+        claim_code(str(tmp_path / "run"), JobSpec.build(name="m", script="t.py"), _ref(files), files)
+
+
+def test_the_workers_runtime_env_joins_the_jobs():
+    environ = {"RAY_JOB_CONFIG_JSON_ENV_VAR": json.dumps({"runtime_env": {"env_vars": {"A": "1"}},
+                                                          "metadata": {"k": "v"}})}
+    inject_runtime_env(runtime_env("/code", ["numpy==2.1"]), environ)
+    config = json.loads(environ["RAY_JOB_CONFIG_JSON_ENV_VAR"])
+    assert config["metadata"] == {"k": "v"}
+    assert config["runtime_env"] == {"env_vars": {"A": "1"}, "working_dir": "/code",
+                                     "worker_process_setup_hook": "training.script.worker_setup",
+                                     "pip": ["numpy==2.1"]}
+
+
+def test_installed_requirements_are_named_with_their_versions(tmp_path, monkeypatch):
+    """A retry on the same node reuses the driver's packages (pip --target by the list's
+    hash); what is there is what run.json records."""
+    import hashlib
+    import sys
+
+    from training import run_script
+
+    monkeypatch.setattr(run_script.tempfile, "gettempdir", lambda: str(tmp_path))
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    pip = ["tinylib>=1"]
+    key = hashlib.sha256("\n".join(pip).encode()).hexdigest()[:16]
+    meta = tmp_path / "submitter-pip" / key / "tinylib-1.2.3.dist-info"
+    meta.mkdir(parents=True)
+    (meta / "METADATA").write_text("Metadata-Version: 2.1\nName: tinylib\nVersion: 1.2.3\n")
+    assert run_script.install_driver_packages(pip, print) == ["tinylib==1.2.3"]
+    assert sys.path[0] == str(meta.parent)
+    assert run_script.install_driver_packages([], print) == []
