@@ -355,10 +355,6 @@ def test_an_elastic_group_loses_a_pod_shrinks_and_watch_shows_the_resize(cluster
     assert_sink_on_the_head(cluster)
 
 
-# Measured: 5 of 7 runs passed before the StepGate fix (a worker's poll for the driver's request
-# stopped after one slow answer), 2 of 2 after it. Until more runs show it stable it gets two
-# reruns, shown as RERUN in pytest's summary rather than hidden.
-@pytest.mark.flaky(reruns=2)
 def test_sigterm_to_the_head_pod_checkpoints_and_the_rayjob_retry_resumes_there(cluster):
     """A preemption of the head pod, ended as kubelet ends a pod: the rendered preStop hook
     SIGTERMs the driver, the workers write a preemption checkpoint, the driver exits 143, the
