@@ -389,3 +389,40 @@ def test_sigterm_to_the_head_pod_checkpoints_and_the_rayjob_retry_resumes_there(
     assert second.cluster != first.cluster
     # the rendered preStop hook did it: it found the driver in the head pod (and only there)
     assert "SIGTERM to 1 training process" in ended[0].prestop.get("output", ""), ended[0].prestop
+
+
+def test_sigterm_to_a_worker_pod_checkpoints_and_ray_train_resumes_there(cluster):
+    """A worker pod's preemption, ended as kubelet ends a KubeRay pod: the preStop hook SIGTERMs
+    the pod's Ray Train worker (not the driver: it runs on the head), the workers write a
+    preemption checkpoint and leave retryably, Ray Train restarts the group from that step, and
+    the job succeeds without a RayJob retry. A short grace period keeps the scenario short: the
+    pod (whose bash PID 1 never gets kubelet's SIGTERM) is SIGKILLed at its end, and a group
+    restarted on it meanwhile is restarted once more on the replacement pod."""
+    # no interval checkpoints: a preemption at one's step would be saved as that one
+    cluster.submit(max_steps_per_epoch=100, checkpoint_every=0, progress_every=5,
+                   termination_grace_period=30)
+    cluster.standin.run(NAME)
+    ended: list = []
+
+    def preempt_the_worker_while_training():
+        wait_for("training", lambda: [e for e in cluster.configmap_events()
+                                      if e["type"] == "progress" and e["step"] >= 5])
+        worker = cluster.standin.pods("worker")[0]
+        cluster.standin.terminate_pod(worker)  # preStop, (no) SIGTERM, grace, SIGKILL
+        ended.append(worker)
+
+    watched = watch_while(cluster, preempt_the_worker_while_training, join_s=120)
+    assert ended
+    # the rendered preStop hook found the pod's Ray Train worker, and only it
+    assert "SIGTERM to 1 training process" in ended[0].prestop.get("output", ""), ended[0].prestop
+    events = cluster.bucket_events()
+    types = [e["type"] for e in events]
+    preempted = [e for e in events if e["type"] == "checkpoint_saved" and e.get("reason") == "preemption"]
+    assert len(preempted) == 1, [(e["type"], e.get("reason"), e.get("step")) for e in events]
+    restarts = [e for e in events if e["type"] == "worker_group_restarted" and e["seq"] > preempted[0]["seq"]]
+    assert restarts and restarts[0]["resumed_from"] == preempted[0]["path"], (restarts, preempted)
+    after = [e for e in events if e["type"] == "progress" and e["seq"] > restarts[0]["seq"]]
+    assert after and preempted[0]["step"] < after[0]["step"] <= preempted[0]["step"] + 5, after[:1]
+    assert "run_failed" not in types and types[-1] == "run_finished", types  # the driver went on
+    assert "worker group restarted" in watched.output and "SUCCEEDED" in watched.output
+    assert len(cluster.standin.attempts) == 1, cluster.explain()  # Ray Train recovered: no RayJob retry
