@@ -25,6 +25,7 @@ from typing import Any, Callable, Mapping, Optional, Protocol
 
 from submitter.contract import events as ev
 from submitter.contract import naming
+from submitter.contract.run_logs import Redactor
 
 log = logging.getLogger("submitter.contract.events")
 class Sink(Protocol):
@@ -130,6 +131,7 @@ class Emitter:
         self.session: list[dict[str, Any]] = []
         self.starts = 0
         self._lock = threading.RLock()  # the trackers' thread emits too (training.trackers)
+        self.redact = Redactor.from_environ(os.environ)
         for sink in self.sinks:
             if hasattr(sink, "bind"):
                 sink.bind(self.emit)
@@ -139,7 +141,9 @@ class Emitter:
             return self._emit(etype, **fields)
 
     def _emit(self, etype: str, **fields: Any) -> dict[str, Any]:
-        fields = _finite(fields)
+        # no secret of this process's environment in an event (an error's text may quote one):
+        # the redaction the run's stored logs get too (submitter.contract.run_logs)
+        fields = {k: self.redact(v) if isinstance(v, str) else v for k, v in _finite(fields).items()}
 
         def build(seq: int) -> dict[str, Any]:
             return ev.make_event(etype, time=self.clock(), seq=seq, **fields)
