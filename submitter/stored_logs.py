@@ -203,13 +203,12 @@ def job_logs(kube: Callable[[], Any], namespace: str, name: str, *, storage_path
 
 def _storage_of(rayjob: Optional[dict]) -> Optional[str]:
     """The storage path in a RayJob's job document (where its driver keeps the run)."""
-    import json
-
+    from submitter.contract.errors import SubmitterError
+    from submitter.contract.spec import JobSpec
     from submitter.ownership import rayjob_document
 
     document = rayjob_document(rayjob) if rayjob else None
     try:
-        job = json.loads(document) if document else {}
-    except ValueError:
+        return JobSpec.from_document(document).resolved_storage_path if document else None
+    except (SubmitterError, ValueError):
         return None
-    return job.get("storage_path") or job.get("storage_mount") or None

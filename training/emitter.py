@@ -141,9 +141,10 @@ class Emitter:
             return self._emit(etype, **fields)
 
     def _emit(self, etype: str, **fields: Any) -> dict[str, Any]:
-        # no secret of this process's environment in an event (an error's text may quote one):
-        # the redaction the run's stored logs get too (submitter.contract.run_logs)
-        fields = {k: self.redact(v) if isinstance(v, str) else v for k, v in _finite(fields).items()}
+        # no secret of this process's environment in an event's free text (an error may quote
+        # one): the redaction the run's stored logs get too (submitter.contract.run_logs)
+        fields = {k: self.redact(v) if isinstance(v, str) and _free_text(k) else v
+                  for k, v in _finite(fields).items()}
 
         def build(seq: int) -> dict[str, Any]:
             return ev.make_event(etype, time=self.clock(), seq=seq, **fields)
@@ -211,6 +212,11 @@ class Emitter:
         """One line per sink that could not write (its first failure and why): the driver
         prints each once into the job's log."""
         return [p for p in (getattr(s, "problem", None) for s in self.sinks) if p]
+
+
+def _free_text(field: str) -> bool:
+    """Fields that carry text from elsewhere (an exception's message), not our own values."""
+    return field in ("error", "message") or field.endswith("_error")
 
 
 def _finite(fields: Mapping[str, Any]) -> dict[str, Any]:

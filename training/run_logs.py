@@ -269,9 +269,10 @@ def append_worker_error(store: LogStore, rank: int, text: str, redact: Redactor,
     """Append to `worker-<rank>.err.log`, keeping its newest `max_bytes`."""
     name = names.worker_err_name(rank)
     data = store.read(name) + redact(text).encode("utf-8", errors="replace")
-    if len(data) > max_bytes:
+    if len(data) > max_bytes:  # from the first whole failure (else line) that fits
         cut = data[-max_bytes:]
-        data = cut[cut.find(b"\n") + 1:] if b"\n" in cut else cut
+        start = cut.find(b"=== worker rank ")
+        data = cut[start:] if start >= 0 else cut[cut.find(b"\n") + 1:]
     store.write(name, data)
 
 
