@@ -21,7 +21,8 @@ the code search available to the session that wrote this):
   `authOptions.mode: token` `RAY_AUTH_MODE=token` plus `RAY_AUTH_TOKEN` from the Secret it
   creates, named after the RayCluster, key `auth_token`: pod.go `SetContainerTokenAuthEnvVars`);
   and what kubelet sets (`KUBERNETES_SERVICE_HOST`/`_PORT`, pointing at the emulator, and
-  `HOSTNAME`). Nothing of the test process's environment leaks in but PATH and the locale.
+  `HOSTNAME`). Nothing of the test process's environment leaks in but PATH, the locale and the
+  checkout under test on PYTHONPATH (the image's code).
 - Only a pod whose template mounts the service-account token (`automountServiceAccountToken`,
   the pod's or else the ServiceAccount's, default true) gets a token file; the token is bound
   to the pod's service account, and the emulator (`RbacEmulator`) allows that token only what
@@ -91,6 +92,9 @@ from tests.support.kube_emulator import (RAYJOBS, ApiEmulator, Route, _status, _
 
 ADMIN_TOKEN = "test-token"  # Running.kubeconfig's user: the test's own client, not a pod
 SITE = Path(__file__).with_name("standin_pod")
+#: The checkout under test: the pods' image holds its code (a virtual environment installed
+#: from another checkout must not hand the pods that one's `training`).
+CHECKOUT = Path(__file__).resolve().parents[2]
 ROLES, ROLEBINDINGS = "rbac.authorization.k8s.io/v1/roles", "rbac.authorization.k8s.io/v1/rolebindings"
 #: KubeRay's defaults that become free ports here (pod.go, utils/constant.go).
 DEFAULT_METRICS_PORT, DEFAULT_AGENT_LISTEN_PORT, GCS_PORT = 8080, 52365, 6379
@@ -569,7 +573,8 @@ class KubeRayStandIn:
         account = pod_spec.get("serviceAccountName") or "default"
         env = {"PATH": f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin",
                "LANG": os.environ.get("LANG", "C.UTF-8"), "HOME": str(root / "home"),
-               "HOSTNAME": name, "PYTHONPATH": str(SITE), "STANDIN_POD_ROOT": str(root),
+               "HOSTNAME": name, "PYTHONPATH": os.pathsep.join([str(SITE), str(CHECKOUT)]),
+               "STANDIN_POD_ROOT": str(root),
                "KUBERNETES_SERVICE_HOST": "127.0.0.1", "KUBERNETES_SERVICE_PORT": str(self.api_port),
                "KUBERNETES_SERVICE_PORT_HTTPS": str(self.api_port)}
         env.update(injected)
