@@ -51,9 +51,11 @@ the code search available to the session that wrote this):
   hook (in the container's environment), then kubelet's SIGTERM, which bash as PID 1 never
   receives, so here it is not sent; the pod lives on for the rest of
   terminationGracePeriodSeconds (the template's, default 30), then SIGKILL. (Sending it to
-  `ray start` here raced the controller: the head's dashboard went down as soon as the hook
-  returned, often before the controller's next poll saw the job's end, and the attempt then
-  "failed" because the head was gone, with no exit code: a thing KubeRay never sees.)
+  `ray start` here raced the controller: Ray 2.60's SIGTERM handler drains the node, and a
+  drained raylet exits as soon as it is idle, i.e. once the job supervisor has recorded the
+  driver's exit; the dashboard went with it, often before the controller's next poll (every
+  second) saw the job's end, and the attempt then "failed" because the head was gone, with no
+  exit code: a thing KubeRay never sees, and the head-SIGTERM scenario's intermittent failure.)
 - A failed job is retried as rayjob_controller.go does while `status.failed` <= backoffLimit:
   the cluster goes, status Retrying, then a new RayCluster (new name, new token) and a new
   submitter with a new submission id; the driver resumes from the storage path's checkpoint.
