@@ -216,18 +216,26 @@ def list_command(namespace: str, all_namespaces: bool, selector: str | None, sta
 @click.command()
 @job_command
 @click.option("-f", "--follow", is_flag=True, help="keep streaming new output until the driver exits")
-def logs(name: str, namespace: str, follow: bool, kube_context: str | None, kubeconfig: str | None) -> None:
-    """Print the driver output: the log of the submitter Job's pod KubeRay runs (K8sJobMode).
+@click.option("--storage-path", metavar="PATH",
+              help="where the run is kept (s3://, gs://, abfss://..., or a mounted path): its "
+                   "stored logs, for a job whose pods and RayJob are gone")
+def logs(name: str, namespace: str, follow: bool, storage_path: str | None, kube_context: str | None,
+         kubeconfig: str | None) -> None:
+    """Print the driver's output: the submitter Job's pod (K8sJobMode) while it exists, else the
+    run's stored logs (<run>/logs/: each driver session, each failed worker's error), after
+    the cluster is torn down or the job deleted. A line on stderr says which.
 
     \b
     Examples:
       submitter logs gpt2-demo
       submitter logs gpt2-demo -f | grep SUBMITTER_EVENT
+      submitter logs gpt2-demo --storage-path s3://bucket/runs   # after submitter delete
     """
-    from submitter.cluster import logs as job_logs
+    from submitter.stored_logs import job_logs
 
     try:
-        job_logs(_kube(kube_context, kubeconfig), namespace, name, follow=follow, out=sys.stdout)
+        job_logs(lambda: _kube(kube_context, kubeconfig), namespace, name, storage_path=storage_path,
+                 follow=follow, out=sys.stdout, err=sys.stderr)
     except KeyboardInterrupt:
         sys.exit(130)
 

@@ -417,14 +417,6 @@ def submitter_pod(kube: Kube, namespace: str, name: str) -> str:
     return newest["metadata"]["name"]
 
 
-def logs(kube: Kube, namespace: str, name: str, *, follow: bool, out: TextIO) -> int:
-    pod = submitter_pod(kube, namespace, name)
-    for line in kube.log_lines(namespace, pod, follow=follow):
-        out.write(line + "\n")
-        out.flush()
-    return 0
-
-
 # --- helpers ----------------------------------------------------------------------------------
 
 def _print_objects(objects: list[dict], output: str, out: TextIO, compact: bool = False) -> None:

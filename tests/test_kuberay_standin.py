@@ -355,27 +355,30 @@ def test_an_elastic_group_loses_a_pod_shrinks_and_watch_shows_the_resize(cluster
     assert_sink_on_the_head(cluster)
 
 
-# Measured: 5 of 7 runs passed before the StepGate fix (a worker's poll for the driver's request
-# stopped after one slow answer), 2 of 2 after it. Until more runs show it stable it gets two
-# reruns, shown as RERUN in pytest's summary rather than hidden.
-@pytest.mark.flaky(reruns=2)
+def preempt_while_training(cluster, kind: str, join_s: float):
+    """Watch the job while its first `kind` pod, once the run trains (step 5), is ended as
+    kubelet ends a pod (preStop, SIGTERM to PID 1, grace, SIGKILL). Returns (watch, the pod)."""
+    ended: list = []
+
+    def preempt():
+        wait_for("training", lambda: [e for e in cluster.configmap_events()
+                                      if e["type"] == "progress" and e["step"] >= 5])
+        pod = cluster.standin.pods(kind)[0]
+        cluster.standin.terminate_pod(pod)
+        ended.append(pod)
+
+    watched = watch_while(cluster, preempt, join_s=join_s)
+    assert ended
+    return watched, ended[0]
+
+
 def test_sigterm_to_the_head_pod_checkpoints_and_the_rayjob_retry_resumes_there(cluster):
     """A preemption of the head pod, ended as kubelet ends a pod: the rendered preStop hook
     SIGTERMs the driver, the workers write a preemption checkpoint, the driver exits 143, the
     RayJob's retry (backoffLimit 1) starts a new cluster and resumes at that step."""
     cluster.submit(max_steps_per_epoch=100, checkpoint_every=40, progress_every=5)
     cluster.standin.run(NAME)
-    ended: list = []
-
-    def preempt_the_head_while_training():
-        wait_for("training", lambda: [e for e in cluster.configmap_events()
-                                      if e["type"] == "progress" and e["step"] >= 5])
-        head = cluster.standin.pods("head")[0]
-        cluster.standin.terminate_pod(head)  # preStop, SIGTERM, grace, SIGKILL
-        ended.append(head)
-
-    watch_while(cluster, preempt_the_head_while_training, join_s=300)
-    assert ended
+    _, head = preempt_while_training(cluster, "head", join_s=300)
     first, second = cluster.standin.attempts[0], cluster.standin.attempts[-1]
     assert len(cluster.standin.attempts) == 2 and first.outcome == "FAILED", cluster.explain()
     assert "143" in first.message, first.message  # the driver's "preempted, retry me"
@@ -392,7 +395,41 @@ def test_sigterm_to_the_head_pod_checkpoints_and_the_rayjob_retry_resumes_there(
     assert (status["jobDeploymentStatus"], status["failed"]) == ("Complete", 1)
     assert second.cluster != first.cluster
     # the rendered preStop hook did it: it found the driver in the head pod (and only there)
-    assert "SIGTERM to 1 training process" in ended[0].prestop.get("output", ""), ended[0].prestop
+    assert "SIGTERM to 1 training process" in head.prestop.get("output", ""), head.prestop
+    # the driver's output outlives both clusters: each session's, from the bucket (#26)
+    kept = cluster.cli("logs", NAME)
+    assert kept.exit_code == 0 and "the run's stored logs at s3://" in kept.stderr, kept.output
+    assert kept.stdout.count("=== driver session ") == 2 and "SUBMITTER_EVENT" in kept.stdout
+
+
+def test_sigterm_to_a_worker_pod_checkpoints_and_ray_train_resumes_there(cluster):
+    """A worker pod's preemption, ended as kubelet ends a KubeRay pod: the preStop hook SIGTERMs
+    the pod's Ray Train worker (not the driver: it runs on the head), the workers write a
+    preemption checkpoint and leave retryably, Ray Train restarts the group from that step, and
+    the job succeeds without a RayJob retry. A short grace period keeps the scenario short: the
+    pod (whose bash PID 1 never gets kubelet's SIGTERM) is SIGKILLed at its end, and a group
+    restarted on it meanwhile is restarted once more on the replacement pod."""
+    # no interval checkpoints: a preemption at one's step would be saved as that one
+    cluster.submit(max_steps_per_epoch=100, checkpoint_every=0, progress_every=5,
+                   termination_grace_period=30)
+    cluster.standin.run(NAME)
+    watched, worker = preempt_while_training(cluster, "worker", join_s=120)
+    # the rendered preStop hook found the pod's Ray Train worker, and only it
+    assert "SIGTERM to 1 training process" in worker.prestop.get("output", ""), worker.prestop
+    events = cluster.bucket_events()
+    types = [e["type"] for e in events]
+    preempted = [e for e in events if e["type"] == "checkpoint_saved" and e.get("reason") == "preemption"]
+    assert len(preempted) == 1, [(e["type"], e.get("reason"), e.get("step")) for e in events]
+    restarts = [e for e in events if e["type"] == "worker_group_restarted" and e["seq"] > preempted[0]["seq"]]
+    assert restarts and restarts[0]["resumed_from"] == preempted[0]["path"], (restarts, preempted)
+    after = [e for e in events if e["type"] == "progress" and e["seq"] > restarts[0]["seq"]]
+    assert after and preempted[0]["step"] < after[0]["step"] <= preempted[0]["step"] + 5, after[:1]
+    assert "run_failed" not in types and types[-1] == "run_finished", types  # the driver went on
+    assert "worker group restarted" in watched.output and "SUCCEEDED" in watched.output
+    assert len(cluster.standin.attempts) == 1, cluster.explain()  # Ray Train recovered: no RayJob retry
+    # the worker's error outlives the cluster, in the run's stored logs (#26)
+    kept = cluster.cli("logs", NAME)
+    assert "--- worker-0.err.log ---" in kept.stdout and "preempted (SIGTERM) at step" in kept.stdout, kept.output
 
 
 def test_your_own_script_ships_in_a_configmap_or_the_bucket_and_resumes_after_a_worker_pod_loss(

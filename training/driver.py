@@ -212,9 +212,14 @@ def run(cfg: TrainConfig, *, on_event: OnEvent, notice: Notice = print,
 
     check_installed(os.environ)  # MLflow/W&B asked for and not installed: exit 2, nothing started
     claim = claim_run_dir(cfg, notice)
+    from training.run_logs import capture_driver
+
+    kept = capture_driver(run_dir_of(cfg), cfg.job.to_dict())  # <run>/logs/: outlives the pods
     try:
         return _run_claimed(cfg, claim, on_event, notice, poll_seconds)
     finally:
+        if kept is not None:
+            kept.close()
         claim.release()
 
 
@@ -366,6 +371,7 @@ def _prepare(cfg: TrainConfig, hub: Any, notice: Notice,
     from training.checkpoint_events import CheckpointEvents
     from training.model import PRESETS, expected_parameters
     from training.elastic import scaling_options
+    from training.run_logs import worker_error_logs
     from training.run_plan import data_config, plan_run
     from training.tokens import get_encoding
 
@@ -401,7 +407,8 @@ def _prepare(cfg: TrainConfig, hub: Any, notice: Notice,
                 num_to_keep=cfg.num_to_keep, checkpoint_score_attribute="val_loss",
                 checkpoint_score_order="min"),
             failure_config=ray.train.FailureConfig(max_failures=cfg.max_failures),
-            callbacks=[CheckpointEvents(hub, run_dir_of(cfg))],
+            callbacks=[CheckpointEvents(hub, run_dir_of(cfg)),
+                       worker_error_logs(run_dir_of(cfg), cfg.job.to_dict())],
             logging_config=ray.LoggingConfig(log_level="WARNING")),
         datasets={"train": train_ds, "val": val_ds},
         dataset_config=data_config(),

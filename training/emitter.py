@@ -7,7 +7,9 @@ Who emits what:
   worker_group_restarted (2nd and later starts in one driver session: a Ray Train retry) or
   run_resumed (1st start that found a checkpoint: a re-submitted or restarted job).
 The emitter lives in one process (a Ray actor owned by the driver), so `seq` is monotonic; it
-continues from the events already in `events.jsonl` (or the ConfigMap), across restarts.
+continues from the events already in `events.jsonl` (or the ConfigMap), across restarts. Where
+the events file is a file (a PVC, a local run), the file numbers each event under its lock, so
+it never holds one seq twice even while another emitter writes to it.
 Stdlib only; the ConfigMap sink (`training.progress_configmap`) is the one place here that
 talks to the Kubernetes API.
 """
@@ -23,6 +25,7 @@ from typing import Any, Callable, Mapping, Optional, Protocol
 
 from submitter.contract import events as ev
 from submitter.contract import naming
+from submitter.contract.run_logs import Redactor
 
 log = logging.getLogger("submitter.contract.events")
 class Sink(Protocol):
@@ -44,19 +47,43 @@ class StdoutSink:
 
 
 class FileSink:
-    """Append-only `<storage_path>/<run_name>/events.jsonl` next to the checkpoints."""
+    """Append-only `<storage_path>/<run_name>/events.jsonl` next to the checkpoints.
+
+    The file is the run's seq authority: `append_next` takes an exclusive lock on it (flock:
+    other processes, other emitters of this one, and NFS clients of a shared PVC alike), reads
+    the last seq it holds and appends the next one. Two writers on one run (a stale driver
+    still draining beside a retried one, a tracker's thread) so never write one seq twice."""
+
+    #: How much of the file's end is read for its last seq (events are well under 4 KiB).
+    TAIL_BYTES = 64 * 1024
 
     def __init__(self, path: str) -> None:
         self.path = path
-        self._repaired = False
+
+    def append_next(self, floor: int, build: Callable[[int], dict[str, Any]]) -> dict[str, Any]:
+        """Under the file's lock: the event `build(seq)` with seq = max(floor, the file's last
+        seq) + 1, appended. Returns the event."""
+        import fcntl
+
+        os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
+        with open(self.path, "a+b") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            try:
+                start = max(0, f.seek(0, os.SEEK_END) - self.TAIL_BYTES)
+                f.seek(start)
+                tail = f.read()
+                if tail and not tail.endswith(b"\n"):  # a torn line: end it (repair_torn_tail)
+                    f.write(b"\n")
+                event = build(max(floor, _tail_seq(tail, start > 0)) + 1)
+                f.write((ev.to_json(event) + "\n").encode("utf-8"))
+                f.flush()
+                return event
+            finally:
+                fcntl.flock(f, fcntl.LOCK_UN)
 
     def write(self, event: Mapping[str, Any], state: ev.ProgressState) -> None:
-        os.makedirs(os.path.dirname(self.path), exist_ok=True)
-        if not self._repaired:
-            repair_torn_tail(self.path)
-            self._repaired = True
-        with open(self.path, "a", encoding="utf-8") as f:
-            f.write(ev.to_json(event) + "\n")
+        """An event numbered elsewhere, appended as it is (under the lock)."""
+        self.append_next(0, lambda _seq: dict(event))
 
     def read(self) -> list[dict[str, Any]]:
         try:
@@ -64,6 +91,13 @@ class FileSink:
                 return ev.parse_lines(f.read())
         except FileNotFoundError:
             return []
+
+
+def _tail_seq(tail: bytes, cut: bool) -> int:
+    """The highest seq among the event lines of the file's end (0 if none); `cut`: the tail
+    starts mid-file, so its first line is a fragment."""
+    lines = tail.decode("utf-8", errors="replace").splitlines()
+    return _last_seq(ev.parse_lines("\n".join(lines[1:] if cut else lines)))
 
 
 def repair_torn_tail(path: str) -> bool:
@@ -97,6 +131,7 @@ class Emitter:
         self.session: list[dict[str, Any]] = []
         self.starts = 0
         self._lock = threading.RLock()  # the trackers' thread emits too (training.trackers)
+        self.redact = Redactor.from_environ(os.environ)
         for sink in self.sinks:
             if hasattr(sink, "bind"):
                 sink.bind(self.emit)
@@ -106,11 +141,30 @@ class Emitter:
             return self._emit(etype, **fields)
 
     def _emit(self, etype: str, **fields: Any) -> dict[str, Any]:
-        self.seq += 1
-        event = ev.make_event(etype, time=self.clock(), seq=self.seq, **_finite(fields))
+        # no secret of this process's environment in an event's free text (an error may quote
+        # one): the redaction the run's stored logs get too (submitter.contract.run_logs)
+        fields = {k: self.redact(v) if isinstance(v, str) and _free_text(k) else v
+                  for k, v in _finite(fields).items()}
+
+        def build(seq: int) -> dict[str, Any]:
+            return ev.make_event(etype, time=self.clock(), seq=seq, **fields)
+
+        numbered_by = next((s for s in self.sinks if hasattr(s, "append_next")), None)
+        event = None
+        if numbered_by is not None:  # the events file numbers it: no seq twice, whoever writes
+            try:
+                event = numbered_by.append_next(self.seq, build)
+            except OSError as e:  # a bad event still raises, as before any sink saw it
+                log.warning("event sink %s failed: %s", type(numbered_by).__name__, e)
+                numbered_by = None
+        if event is None:
+            event = build(self.seq + 1)
+        self.seq = event["seq"]
         self.state = ev.apply(self.state, event)
         self.session.append(event)
         for sink in self.sinks:
+            if sink is numbered_by:
+                continue
             try:
                 sink.write(event, self.state)
             except Exception as e:  # noqa: BLE001
@@ -158,6 +212,11 @@ class Emitter:
         """One line per sink that could not write (its first failure and why): the driver
         prints each once into the job's log."""
         return [p for p in (getattr(s, "problem", None) for s in self.sinks) if p]
+
+
+def _free_text(field: str) -> bool:
+    """Fields that carry text from elsewhere (an exception's message), not our own values."""
+    return field in ("error", "message") or field.endswith("_error")
 
 
 def _finite(fields: Mapping[str, Any]) -> dict[str, Any]:

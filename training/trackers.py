@@ -319,6 +319,10 @@ class TensorBoard(Backend):
             self.local = self.remote.removeprefix("file://")
         else:  # write here, upload the session's file on flush
             self.local = tempfile.mkdtemp(prefix="tensorboard-")
+        # two writers opening one run's directory at once (a retried driver beside the one
+        # still draining): tensorboardX checks, then creates, and the later one raised
+        # FileExistsError; a directory that exists already is never created
+        os.makedirs(self.local, exist_ok=True)
         # one file per driver session (the name has only the second and the host otherwise)
         self.writer = SummaryWriter(self.local, flush_secs=10,
                                     filename_suffix=f".{os.getpid()}.{uuid.uuid4().hex[:8]}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 
 import yaml
@@ -96,6 +97,86 @@ def test_logs_print_the_submitter_pod_log(api, kubeconfig, runner):
     legacy = submitted(runner, kubeconfig, api, "legacy-job")
     legacy.submitter_pod(["from a 1.26 cluster"], legacy_labels=True)
     assert "from a 1.26 cluster" in cli(runner, kubeconfig, "logs", "legacy-job").stdout
+
+
+def stored_run(storage, namespace="default", name="gpt2-demo", *, ended=True):
+    """What the driver keeps under <storage>/<namespace>/<name>/ (training.run_logs): two driver
+    sessions (a RayJob retry), the first rotated once, and a worker's error log."""
+    from submitter.contract import events as ev
+    from submitter.contract import run_logs as names
+
+    run = storage / namespace / name
+    logs = run / names.LOGS_DIR
+    logs.mkdir(parents=True)
+    first = names.driver_log_name("20261122T010000Z", 11)
+    (logs / f"{first}.1").write_text("session 1, part 1\n")
+    (logs / first).write_text("session 1, part 2: preempted\n")
+    (logs / names.driver_log_name("20261122T020000Z", 12)).write_text("session 2: run finished\n")
+    (logs / names.worker_err_name(0)).write_text("=== worker rank 0 failed ===\nTraceback ...\n")
+    last = ev.make_event("run_finished", seq=2) if ended else ev.make_event(
+        "run_failed", seq=2, error="preempted (SIGTERM)", reason="preemption")
+    (run / naming.EVENTS_FILE).write_text(ev.to_json(last) + "\n")
+    return run
+
+
+def test_logs_fall_back_to_the_runs_stored_logs_when_the_pods_are_gone(api, kubeconfig, runner, tmp_path):
+    op = submitted(runner, kubeconfig, api)
+    op.initialize()
+    op.run()
+    pod = op.submitter_pod(["from the pod"])
+    live = cli(runner, kubeconfig, "logs", "gpt2-demo", "--storage-path", str(tmp_path))
+    assert live.stdout == "from the pod\n" and f"logs: the submitter pod {pod}" in live.stderr
+    # the job ends and the cluster goes (shutdownAfterJobFinishes): no pod left
+    op.succeed()
+    api.emulator.remove("v1/pods", "default", pod)
+    on_its_volume = cli(runner, kubeconfig, "logs", "gpt2-demo")  # its PVC is not mounted here
+    assert on_its_volume.exit_code == 1 and "give --storage-path where that volume is mounted" \
+        in on_its_volume.output and on_its_volume.output.count("\n") == 1
+    run = stored_run(tmp_path)
+    kept = cli(runner, kubeconfig, "logs", "gpt2-demo", "--storage-path", str(tmp_path))
+    assert kept.exit_code == 0, kept.output
+    assert kept.stderr == (f"logs: the pods are gone; the run's stored logs at {run}/logs/: "
+                           "2 driver session(s), 1 worker error log(s)\n")
+    assert kept.stdout == ("session 1, part 1\nsession 1, part 2: preempted\nsession 2: run finished\n"
+                           "--- worker-0.err.log ---\n=== worker rank 0 failed ===\nTraceback ...\n")
+    followed = cli(runner, kubeconfig, "logs", "gpt2-demo", "-f", "--storage-path", str(tmp_path))
+    assert followed.exit_code == 0 and followed.stdout == kept.stdout  # the run ended: -f returns
+    # after delete, and for a run found only on storage (no cluster to ask at all)
+    assert cli(runner, kubeconfig, "delete", "gpt2-demo").exit_code == 0
+    deleted = cli(runner, kubeconfig, "logs", "gpt2-demo", "--storage-path", str(tmp_path))
+    assert deleted.stdout == kept.stdout and deleted.stderr.startswith("logs: no RayJob; the run's stored logs")
+    no_cluster = runner.invoke(main, ["logs", "gpt2-demo", "--storage-path", str(tmp_path),
+                                      "--kubeconfig", str(tmp_path / "none")])
+    assert no_cluster.exit_code == 0 and no_cluster.stdout == kept.stdout, no_cluster.output
+    assert no_cluster.stderr.splitlines()[0].startswith("logs: cannot ask the cluster")
+    nothing = cli(runner, kubeconfig, "logs", "gpt2-demo")
+    assert nothing.exit_code == 1 and "give its --storage-path" in nothing.output
+
+
+def test_logs_follow_the_stored_log_until_the_run_ends(tmp_path):
+    from submitter.stored_logs import find_run, follow_logs, show
+
+    run_dir = stored_run(tmp_path, ended=False)  # preempted: a retry will write on
+    run = find_run(str(tmp_path), "gpt2-demo", "default")
+    out = io.StringIO()
+    printed = show(run, out)
+    newest = sorted((run_dir / "logs").glob("driver-*Z-12.log"))[0]
+    polls: list[int] = []
+
+    def the_retry_writes_then_finishes(seconds):
+        polls.append(1)
+        if len(polls) == 1:
+            with open(newest, "a") as f:
+                f.write("step 90\n")
+        elif len(polls) == 2:
+            from submitter.contract import events as ev
+
+            (run_dir / naming.EVENTS_FILE).write_text(ev.to_json(ev.make_event("run_finished", seq=3)) + "\n")
+            with open(newest, "a") as f:
+                f.write("run finished for good\n")
+
+    follow_logs(run, out, printed, sleep=the_retry_writes_then_finishes)
+    assert out.getvalue().endswith("step 90\nrun finished for good\n") and len(polls) == 3
 
 
 def test_delete_removes_job_objects_and_keeps_the_pvc(api, kubeconfig, runner):

@@ -21,7 +21,8 @@ the code search available to the session that wrote this):
   `authOptions.mode: token` `RAY_AUTH_MODE=token` plus `RAY_AUTH_TOKEN` from the Secret it
   creates, named after the RayCluster, key `auth_token`: pod.go `SetContainerTokenAuthEnvVars`);
   and what kubelet sets (`KUBERNETES_SERVICE_HOST`/`_PORT`, pointing at the emulator, and
-  `HOSTNAME`). Nothing of the test process's environment leaks in but PATH and the locale.
+  `HOSTNAME`). Nothing of the test process's environment leaks in but PATH, the locale and the
+  checkout under test on PYTHONPATH (the image's code).
 - Only a pod whose template mounts the service-account token (`automountServiceAccountToken`,
   the pod's or else the ServiceAccount's, default true) gets a token file; the token is bound
   to the pod's service account, and the emulator (`RbacEmulator`) allows that token only what
@@ -43,12 +44,18 @@ the code search available to the session that wrote this):
   unless the test says the node is gone for good (`kill_pod(..., replace=False)`).
 - With `enableInTreeAutoscaling` (an elastic group) the autoscaler is not run: the group starts
   at maxReplicas, what the autoscaler does for Ray Train's demand of its maximum.
-- SIGTERM: `signal_pod` sends it to the pod's main process, as kubelet does. In a real pod that
-  is PID 1 (KubeRay's `/bin/bash -lc -- "ulimit ...; ray start ..."`), which the kernel spares
-  any signal it has no handler for; here it is `ray start --block`, which drains the node.
-  `terminate_pod` ends a pod as kubelet does: the container's preStop exec hook (in the
-  container's environment), then that SIGTERM, the rest of terminationGracePeriodSeconds
-  (the template's, default 30), then SIGKILL.
+- SIGTERM: `signal_pod` sends it to the pod's main process. In a real pod that is PID 1
+  (KubeRay's `/bin/bash -lc -- "ulimit ...; ray start ..."`), which the kernel spares any
+  signal it has no handler for; here it is `ray start --block`, which drains the node.
+  `terminate_pod` ends a Ray pod as kubelet ends a KubeRay pod: the container's preStop exec
+  hook (in the container's environment), then kubelet's SIGTERM, which bash as PID 1 never
+  receives, so here it is not sent; the pod lives on for the rest of
+  terminationGracePeriodSeconds (the template's, default 30), then SIGKILL. (Sending it to
+  `ray start` here raced the controller: Ray 2.60's SIGTERM handler drains the node, and a
+  drained raylet exits as soon as it is idle, i.e. once the job supervisor has recorded the
+  driver's exit; the dashboard went with it, often before the controller's next poll (every
+  second) saw the job's end, and the attempt then "failed" because the head was gone, with no
+  exit code: a thing KubeRay never sees, and the head-SIGTERM scenario's intermittent failure.)
 - A failed job is retried as rayjob_controller.go does while `status.failed` <= backoffLimit:
   the cluster goes, status Retrying, then a new RayCluster (new name, new token) and a new
   submitter with a new submission id; the driver resumes from the storage path's checkpoint.
@@ -87,6 +94,9 @@ from tests.support.kube_emulator import (RAYJOBS, ApiEmulator, Route, _status, _
 
 ADMIN_TOKEN = "test-token"  # Running.kubeconfig's user: the test's own client, not a pod
 SITE = Path(__file__).with_name("standin_pod")
+#: The checkout under test: the pods' image holds its code (a virtual environment installed
+#: from another checkout must not hand the pods that one's `training`).
+CHECKOUT = Path(__file__).resolve().parents[2]
 ROLES, ROLEBINDINGS = "rbac.authorization.k8s.io/v1/roles", "rbac.authorization.k8s.io/v1/rolebindings"
 #: KubeRay's defaults that become free ports here (pod.go, utils/constant.go).
 DEFAULT_METRICS_PORT, DEFAULT_AGENT_LISTEN_PORT, GCS_PORT = 8080, 52365, 6379
@@ -327,9 +337,11 @@ class KubeRayStandIn:
     def terminate_pod(self, pod: Pod) -> None:
         """End the pod as kubelet does (a preemption, a drain, a deleted pod; kubelet
         `killContainer`): run the container's preStop exec hook in the container's environment,
-        then SIGTERM to its main process, wait what is left of terminationGracePeriodSeconds,
-        then SIGKILL. Blocks until the pod is gone. (kubelet gives a hook still running at
-        the deadline 2 s more; here the hook is cut at the deadline.)"""
+        then SIGTERM to its PID 1 (a Ray pod's is bash, which the kernel spares: nothing
+        happens), wait what is left of terminationGracePeriodSeconds, then SIGKILL. Blocks
+        until the pod is gone (at the deadline, or when the cluster is torn down before it).
+        (kubelet gives a hook still running at the deadline 2 s more; here the hook is cut at
+        the deadline.)"""
         deadline = time.monotonic() + pod.grace
         command = ((pod.lifecycle.get("preStop") or {}).get("exec") or {}).get("command")
         if command:
@@ -339,7 +351,8 @@ class KubeRayStandIn:
                 pod.prestop = {"exit": done.returncode, "output": done.stdout + done.stderr}
             except subprocess.TimeoutExpired as e:
                 pod.prestop = {"exit": None, "output": f"cut at the grace period: {e.stdout or ''}"}
-        pod.proc.send_signal(signal.SIGTERM)
+        if pod.kind == "submitter":  # a Ray pod's PID 1 (bash) never gets kubelet's SIGTERM
+            pod.proc.send_signal(signal.SIGTERM)
         try:
             pod.proc.wait(max(deadline - time.monotonic(), 0.1))
         except subprocess.TimeoutExpired:
@@ -455,6 +468,7 @@ class KubeRayStandIn:
                     and time.monotonic() - unknown_since > 120:
                 return "FAILED", info  # the submitter failed and the dashboard knows no job
             if not attempt.pods[0].alive():  # the head is gone: the job with it
+                attempt.message = "(the head pod was gone before the job's end was seen)"
                 return "FAILED", info
             self._replace_lost_workers(namespace, spec, attempt, auth)
             time.sleep(1.0)
@@ -561,9 +575,8 @@ class KubeRayStandIn:
         account = pod_spec.get("serviceAccountName") or "default"
         env = {"PATH": f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin",
                "LANG": os.environ.get("LANG", "C.UTF-8"), "HOME": str(root / "home"),
-               "HOSTNAME": name,
-               # the image is this checkout: its own `training` (not whatever copy pip installed)
-               "PYTHONPATH": f"{SITE}{os.pathsep}{SITE.parents[2]}", "STANDIN_POD_ROOT": str(root),
+               "HOSTNAME": name, "PYTHONPATH": os.pathsep.join([str(SITE), str(CHECKOUT)]),
+               "STANDIN_POD_ROOT": str(root),
                "KUBERNETES_SERVICE_HOST": "127.0.0.1", "KUBERNETES_SERVICE_PORT": str(self.api_port),
                "KUBERNETES_SERVICE_PORT_HTTPS": str(self.api_port)}
         env.update(injected)
