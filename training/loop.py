@@ -159,7 +159,7 @@ def train_func(loop_config: dict[str, Any]) -> None:
     from training.elastic import group_batch
     from training.model import BETAS, MIN_LR_RATIO, build_model, build_optimizer, gpt2_config
     from training.parallel import gradient_sync, is_fsdp, unwrapped, wrap_model
-    from training.precision import make_scaler, precision_here
+    from training.precision import apply_gradients, make_scaler, precision_here
     from training.run_identity import join
     from training.schedule import resumed_plan
 
@@ -323,16 +323,8 @@ def train_func(loop_config: dict[str, Any]) -> None:
                         loss = loss * mine.loss_weight
                 (scaler.scale(loss) if scaler is not None else loss).backward()
             step_loss += loss.detach().float()
-        if scaler is not None:
-            scaler.unscale_(optimizer)  # the clip must see the true gradient norm
-        if cfg.grad_clip:  # the norm before clipping, read with the progress window's sync
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-        if scaler is not None:
-            scaler.step(optimizer)
-            scaler.update()
-        else:
-            optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        # the norm before clipping, read with the progress window's sync
+        grad_norm = apply_gradients(model, optimizer, scaler, cfg.grad_clip)
         step += 1
         return step_loss
 

@@ -138,3 +138,24 @@ def make_scaler(precision: Precision, device_type: str, sharded: bool) -> Option
     import torch
 
     return torch.amp.GradScaler(device_type)
+
+
+def apply_gradients(model: Any, optimizer: Any, scaler: Optional[Any], clip: float) -> Any:
+    """The end of an optimizer step (the training loop's, and the smoke run's `step` case, so
+    both time the same work): unscale under fp16 (the clip must see the true norm), clip,
+    step (the scaler skips a step with inf/NaN gradients), zero the gradients. Returns the
+    norm before clipping (a tensor on the device), or None without a clip."""
+    import torch
+
+    norm = None
+    if scaler is not None:
+        scaler.unscale_(optimizer)
+    if clip:
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+    if scaler is not None:
+        scaler.step(optimizer)
+        scaler.update()
+    else:
+        optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return norm

@@ -130,7 +130,7 @@ def run_steps(case: str, a: argparse.Namespace, rank: int = 0, world: int = 1) -
     import torch
 
     from training.parallel import gradient_sync
-    from training.precision import configure_matmul, make_scaler, precision_here
+    from training.precision import apply_gradients, configure_matmul, make_scaler, precision_here
 
     device = torch.device("cpu") if a.cpu else torch.device("cuda", 0)
     if device.type == "cuda":
@@ -159,15 +159,7 @@ def run_steps(case: str, a: argparse.Namespace, rank: int = 0, world: int = 1) -
                     loss = forward(x) / accum
                 (scaler.scale(loss) if scaler is not None else loss).backward()
             total += loss.detach().float()
-        if scaler is not None:
-            scaler.unscale_(opt)
-        torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
-        if scaler is not None:
-            scaler.step(opt)
-            scaler.update()
-        else:
-            opt.step()
-        opt.zero_grad(set_to_none=True)
+        apply_gradients(model, opt, scaler, CLIP)
         return total
 
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
