@@ -3,6 +3,7 @@
 It gets the job as data (`SUBMITTER_JOB`) and the code's whereabouts (`SUBMITTER_CODE`: a
 ConfigMap, a bucket object, or for `--local` a file), then, before the user's script runs:
 the storage policy and the in-pod filesystem check and write probe, as for the GPT-2 job; the
+run's lock (training.run_identity.lock_run_dir: one live driver per run directory); the
 bundle unpacked and its hash checked; the code's identity in `run.json` (a resume with other
 code is refused naming the files that differ, unless --allow-code-change); Ray's runtime_env
 (the unpacked directory as every worker's working_dir, --requirements as pip, the SIGTERM
@@ -251,6 +252,7 @@ def main(argv: Optional[Sequence[str]] = None, environ: Any = os.environ) -> int
     from training.args import parse_args
 
     notice = lambda line: print(line, flush=True)  # noqa: E731
+    lock = None
     try:
         spec = parse_args(list(sys.argv[1:] if argv is None else argv), environ)
         if spec.script is None:
@@ -265,6 +267,9 @@ def main(argv: Optional[Sequence[str]] = None, environ: Any = os.environ) -> int
         require_training_stack()
         storage_root, run_dir, line = prepare_storage(spec, environ)
         notice(line)
+        from training.run_identity import lock_run_dir
+
+        lock = lock_run_dir(run_dir, environ, notice)  # one live driver per run, as for GPT-2
         code_dir, files = unpack_bundle(read_bundle(ref, environ), ref["sha256"])
         installed = install_driver_packages(ref.get("pip") or [], notice)
         notice(claim_code(run_dir, spec, ref, files, installed))
@@ -280,14 +285,20 @@ def main(argv: Optional[Sequence[str]] = None, environ: Any = os.environ) -> int
             on_started=_Sigterm.install)
         script_hooks.install(settings)
     except SubmitterError as e:
+        if lock is not None:
+            lock.release()
         print(f"error: {e}", file=sys.stderr)
         return e.exit_code
     from submitter.contract.shutdown import exit_chain
 
     _Sigterm.install(exit_chain(spec.termination_grace_period).driver_wait_s)
     notice(f"script: {ref['entry']} (code {ref['sha256'][:12]}), run {run_dir}")
-    outcome = run_user_script(script_file, code_dir, list(spec.script_args))
-    return finish(outcome, settings, environ, notice, ev)
+    try:
+        outcome = run_user_script(script_file, code_dir, list(spec.script_args))
+        return finish(outcome, settings, environ, notice, ev)
+    finally:
+        if lock is not None:
+            lock.release()
 
 
 def run_user_script(script_file: str, code_dir: str, args: list[str]) -> Optional[BaseException]:
