@@ -190,8 +190,14 @@ def test_a_script_jobs_helm_values_give_the_objects_of_render_script(tmp_path, r
     assert values["code"]["configmap"] and values["code"]["data"]
     objects = chart_objects(values)
     assert objects == expected(spec)
-    kinds = {key[0] for key in objects}
-    assert "ConfigMap" in kinds and len([k for k in objects if k[0] == "ConfigMap"]) == 2
+    assert len([k for k in objects if k[0] == "ConfigMap"]) == 2  # progress and code
+    # the values file read back by render (-f) is the same job: its `code` is packed again
+    (tmp_path / "values.yaml").write_text(out.stdout)
+    again = runner.invoke(main, ["render", "-f", str(tmp_path / "values.yaml")])
+    direct = runner.invoke(main, ["render", "--name", "mine", "--script",
+                                  str(tmp_path / "train.py"), "--requirements",
+                                  str(tmp_path / "requirements.txt"), "--", "--lr", "3"])
+    assert again.exit_code == 0 and again.stdout == direct.stdout, again.output
 
 
 def test_a_bucket_bundle_travels_as_its_uri_in_the_values(tmp_path) -> None:
