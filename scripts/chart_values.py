@@ -27,8 +27,8 @@ CHART_DIR = ROOT / "charts" / "submitter"
 
 #: What the chart does beyond JobSpec for a key (added to that key's comment and description).
 CHART_NOTES = {
-    "script": "the chart cannot pack code: render a --script job with `submitter render` "
-              "(it adds the code ConfigMap), the chart refuses it",
+    "script": "the chart cannot pack code: give it the values `submitter render --script FILE "
+              "--helm-values` writes (they add `code`); without `code` the chart refuses it",
     "name": 'empty ("") = the Helm release name',
     "namespace": "when left at the default, the release namespace (helm -n) is used instead",
 }
@@ -42,6 +42,18 @@ _TYPES: dict[type, dict[str, Any]] = {
     dict: {"type": "object", "additionalProperties": {"type": "string"}},
     list: {"type": "array", "items": {"type": "string"}},
 }
+
+
+#: The one chart-only key: a --script job's code as `submitter render --helm-values` writes it
+#: (submitter/helm_code.py); never part of the job document.
+CODE_HELP = ("a --script job's code, written by `submitter render --script FILE --helm-values` "
+             "(ref: the head's SUBMITTER_CODE; configmap, key, data: the bundle's ConfigMap, "
+             "base64; configmap null: the bundle is in the run's bucket); do not write it by hand")
+CODE_SCHEMA = {"anyOf": [{"type": "null"}, {
+    "type": "object", "additionalProperties": False, "required": ["ref", "configmap", "key", "data"],
+    "properties": {"ref": {"type": "string", "minLength": 1},
+                   "configmap": {"anyOf": [{"type": "null"}, {"type": "string"}]},
+                   "key": {"type": "string"}, "data": {"type": "string"}}}]}
 
 
 def _help(f: Any) -> str:
@@ -70,7 +82,8 @@ def values_schema() -> dict[str, Any]:
         "title": "submitter chart values (generated from submitter.contract.spec.JobSpec)",
         "type": "object",
         "additionalProperties": False,
-        "properties": {S.camel(f.name): field_schema(f) for f in S.fields()},
+        "properties": {**{S.camel(f.name): field_schema(f) for f in S.fields()},
+                       "code": {"description": CODE_HELP, **CODE_SCHEMA}},
         # JobSpec's one rule across fields (FSDP_NEEDS_GPUS); Helm merges the defaults in first.
         "if": {"properties": {"fsdp": {"const": True}}, "required": ["fsdp"]},
         "then": {"properties": {"gpuPerPod": {"minimum": 1}}},
@@ -90,6 +103,7 @@ def values_yaml() -> str:
         out.append(f"# -- {_help(f)}")
         out.append(yaml.safe_dump({S.camel(f.name): defaults[f.name]}, default_flow_style=False,
                                   width=1 << 30).rstrip("\n"))
+    out += [f"# -- {CODE_HELP}", "code: null"]
     return "\n".join(out) + "\n"
 
 

@@ -230,9 +230,12 @@ def render(output: str | None, output_dir: str | None, helm_values: bool,
     plan = render_plan(spec)  # storage policy first: nothing is written when it refuses
     grace_warning(spec)
     if helm_values:
+        from submitter.helm_code import helm_values, upload_line
         from submitter.plan import to_yaml
 
-        click.echo(to_yaml(spec.to_values(), stream=False), nl=False)
+        click.echo(to_yaml(helm_values(spec), stream=False), nl=False)
+        if upload_line(spec):
+            click.echo(upload_line(spec), err=True)
     elif kind == "yaml":
         click.echo(str(plan), nl=False)
     elif kind == "json":

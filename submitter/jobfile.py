@@ -204,7 +204,11 @@ def load(path: str | None) -> dict[str, Any]:
     data = docs[0]
     if not isinstance(data, dict):
         raise JobFileError(f"job file {cut(path)} must be a mapping of settings, e.g. 'replicas: 8'")
-    return settings(data, path)
+    from submitter.helm_code import CODE_KEY
+
+    # a --script job's values file (--helm-values) carries its code for the chart; render and
+    # submit pack the script's directory again
+    return settings({k: v for k, v in data.items() if k != CODE_KEY}, path)
 
 
 def settings(data: Mapping[Any, Any], path: str) -> dict[str, Any]:

@@ -83,20 +83,12 @@ def claim_run_dir(cfg: TrainConfig, notice: Notice, environ: Any = os.environ) -
     record a new run's settings (run.json). Raises UsageError subclasses (exit 2)."""
     from training.emitter import events_sink
     from training.model import PRESETS
-    from training.run_identity import (RUN_FILE, STALE_AFTER_S, RunLock, check_not_finished,
-                                       claim_run, identity, in_cluster, is_local, join,
-                                       read_json)
+    from training.run_identity import (RUN_FILE, check_not_finished, claim_run, identity,
+                                       join, lock_run_dir, read_json)
     from training.tokens import get_encoding, resolve_tokenizer
 
     run_dir = run_dir_of(cfg)
-    lock = None
-    if is_local(run_dir):
-        lock = RunLock(run_dir)
-        # in a pod a RayJob retry may start while the old head still winds down: wait it out
-        lock.acquire(wait_s=STALE_AFTER_S + 10 if in_cluster(environ) else 0.0, on_wait=notice)
-    else:
-        notice(f"run lock: none on {cfg.storage_path} (object stores cannot lock); run one "
-               "driver per name")
+    lock = lock_run_dir(run_dir, environ, notice)
     try:
         tok_spec, tok_line = resolve_tokenizer(cfg.tokenizer, cfg.bpe_file)
         encoding = get_encoding(tok_spec)

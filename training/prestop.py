@@ -8,7 +8,8 @@ terminationGracePeriodSeconds, then SIGKILL. In a KubeRay pod PID 1 is `/bin/bas
 namespace), and even `ray start` itself only drains the node; the driver and the train workers
 never learn of it, and no preemption checkpoint is written. So the hook does it first:
 
-- SIGTERM to the driver (`python -m training`, on the head, where Ray runs the job's entrypoint)
+- SIGTERM to the driver (`python -m training`, or `python -m training.run_script` for a
+  `--script` job; on the head, where Ray runs the job's entrypoint)
   and to the Ray Train workers (`ray::RayTrainWorker...`) of THIS pod; both save a preemption
   checkpoint at the next step boundary (training.preempt), and the driver then exits 143, which
   the RayJob retries (backoffLimit) from that checkpoint;
@@ -37,16 +38,18 @@ from training.run_identity import pid_alive
 
 #: Ray Train's worker actor, as its process title shows it (setproctitle).
 TRAIN_WORKER_TITLE = "ray::RayTrainWorker"
+#: The drivers' modules: the GPT-2 job's and a --script job's (submitter.code_plan).
+DRIVER_MODULES = ("training", "training.run_script")
 
 
 def is_target(argv: Sequence[str]) -> bool:
-    """A training driver (`python -m training ...`, not this hook nor `export`) or a Ray Train
-    worker process."""
+    """A training driver (`python -m training ...` or `python -m training.run_script`, not this
+    hook nor `export`) or a Ray Train worker process."""
     if argv and argv[0].startswith(TRAIN_WORKER_TITLE):
         return True
     for i, arg in enumerate(argv[:-1]):
         if arg == "-m":
-            return argv[i + 1] == "training" and argv[i + 2:i + 3] != ["export"]
+            return argv[i + 1] in DRIVER_MODULES and argv[i + 2:i + 3] != ["export"]
     return False
 
 

@@ -326,3 +326,18 @@ class RunLock:
 
     def __exit__(self, *exc: Any) -> None:
         self.release()
+
+
+def lock_run_dir(run_dir: str, environ: Mapping[str, str],
+                 notice: Callable[[str], None]) -> Optional[RunLock]:
+    """Take the run's lock before anything is written (one live driver per run directory), for
+    both drivers (`python -m training` and `python -m training.run_script`). In a pod a RayJob
+    retry may start while the old head still winds down: it waits that out. None on an object
+    store, which cannot lock (said in a line)."""
+    if not is_local(run_dir):
+        notice(f"run lock: none on {run_dir} (object stores cannot lock); run one driver per "
+               "name")
+        return None
+    lock = RunLock(run_dir)
+    lock.acquire(wait_s=STALE_AFTER_S + 10 if in_cluster(environ) else 0.0, on_wait=notice)
+    return lock

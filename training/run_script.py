@@ -3,6 +3,7 @@
 It gets the job as data (`SUBMITTER_JOB`) and the code's whereabouts (`SUBMITTER_CODE`: a
 ConfigMap, a bucket object, or for `--local` a file), then, before the user's script runs:
 the storage policy and the in-pod filesystem check and write probe, as for the GPT-2 job; the
+run's lock (training.run_identity.lock_run_dir: one live driver per run directory); the
 bundle unpacked and its hash checked; the code's identity in `run.json` (a resume with other
 code is refused naming the files that differ, unless --allow-code-change); Ray's runtime_env
 (the unpacked directory as every worker's working_dir, --requirements as pip, the SIGTERM
@@ -160,22 +161,70 @@ def install_driver_packages(pip: Sequence[str], notice: Any) -> list[str]:
 
 
 class _Sigterm:
-    """The driver's SIGTERM (the preStop hook): remembered, so the end is 'preempted'."""
+    """The driver's SIGTERM (the preStop hook). Before any fit(): the script ends at once. During
+    one: the workers were signalled too (their `should_stop()` checkpoints), so the driver asks
+    the run's hub for a preemption, waits until a checkpoint reported after the signal is
+    registered (at most the grace period's `driver_wait_s`, submitter.contract.shutdown), then
+    leaves fit(): the end is 'preempted' (exit 143, a retry resumes from that checkpoint)."""
 
     got = False
+    wait_s = 30.0
+    ready = False
 
     @classmethod
-    def install(cls) -> None:
-        previous = signal.getsignal(signal.SIGTERM)
+    def install(cls, wait_s: Optional[float] = None) -> None:
+        """Before the script, and again once its fit() started Ray (ray.init puts its own
+        SIGTERM handler in the driver: exit 1 at once)."""
+        cls.wait_s = cls.wait_s if wait_s is None else wait_s
+        try:
+            signal.signal(signal.SIGTERM, cls._handler)
+        except ValueError:  # fit() from another thread: Ray kept the main thread's handler
+            pass
 
-        def handler(signum: int, frame: Any) -> None:
-            cls.got = True
-            if callable(previous):
-                previous(signum, frame)
-            else:
-                raise KeyboardInterrupt  # ends the script; the epilogue says preempted
+    @classmethod
+    def _handler(cls, signum: int, frame: Any) -> None:
+        if cls.ready:  # our own wake-up call from the waiting thread
+            cls.ready = False
+            from training.preempt import DriverPreempted
 
-        signal.signal(signal.SIGTERM, handler)
+            raise DriverPreempted()
+        if cls.got:
+            return
+        cls.got = True
+        import threading
+
+        threading.Thread(target=cls._wait_then_interrupt, name="preemption", daemon=True).start()
+
+    @classmethod
+    def _wait_then_interrupt(cls) -> None:
+        import _thread
+
+        from training import script_hooks
+
+        hub = script_hooks.hub_or_none() if script_hooks.started() else None
+        if hub is not None:
+            wait_for_preemption_checkpoint(hub, cls.wait_s)
+        cls.ready = True
+        _thread.interrupt_main(signal.SIGTERM)
+
+
+def wait_for_preemption_checkpoint(hub: Any, wait_s: float) -> bool:
+    """Ask the hub to mark what comes next as the preemption's and wait for a checkpoint_saved
+    with reason preemption (True), or for wait_s (False)."""
+    import ray
+
+    deadline = time.monotonic() + wait_s
+    try:
+        ray.get(hub.request_preemption.remote(), timeout=wait_s)
+        while time.monotonic() < deadline:
+            events = ray.get(hub.since.remote(0), timeout=max(deadline - time.monotonic(), 0.001))
+            if any(e["type"] == "checkpoint_saved" and e.get("reason") == "preemption"
+                   for e in events):
+                return True
+            time.sleep(0.2)
+    except Exception:  # noqa: BLE001 - a lost actor, or the deadline: leave now
+        pass
+    return False
 
 
 def prepare_storage(spec: Any, environ: Mapping[str, str]) -> tuple[str, str, str]:
@@ -203,6 +252,7 @@ def main(argv: Optional[Sequence[str]] = None, environ: Any = os.environ) -> int
     from training.args import parse_args
 
     notice = lambda line: print(line, flush=True)  # noqa: E731
+    lock = None
     try:
         spec = parse_args(list(sys.argv[1:] if argv is None else argv), environ)
         if spec.script is None:
@@ -217,6 +267,9 @@ def main(argv: Optional[Sequence[str]] = None, environ: Any = os.environ) -> int
         require_training_stack()
         storage_root, run_dir, line = prepare_storage(spec, environ)
         notice(line)
+        from training.run_identity import lock_run_dir
+
+        lock = lock_run_dir(run_dir, environ, notice)  # one live driver per run, as for GPT-2
         code_dir, files = unpack_bundle(read_bundle(ref, environ), ref["sha256"])
         installed = install_driver_packages(ref.get("pip") or [], notice)
         notice(claim_code(run_dir, spec, ref, files, installed))
@@ -228,15 +281,24 @@ def main(argv: Optional[Sequence[str]] = None, environ: Any = os.environ) -> int
             storage_root=storage_root, name=spec.run_name, run_dir=run_dir,
             script_file=os.path.abspath(script_file), entry=ref["entry"],
             storage_mount=spec.storage_mount, allow_ephemeral=spec.allow_ephemeral_storage,
-            access_mode=spec.storage_access_mode, environ=dict(environ))
+            access_mode=spec.storage_access_mode, environ=dict(environ),
+            on_started=_Sigterm.install)
         script_hooks.install(settings)
     except SubmitterError as e:
+        if lock is not None:
+            lock.release()
         print(f"error: {e}", file=sys.stderr)
         return e.exit_code
-    _Sigterm.install()
+    from submitter.contract.shutdown import exit_chain
+
+    _Sigterm.install(exit_chain(spec.termination_grace_period).driver_wait_s)
     notice(f"script: {ref['entry']} (code {ref['sha256'][:12]}), run {run_dir}")
-    outcome = run_user_script(script_file, code_dir, list(spec.script_args))
-    return finish(outcome, settings, environ, notice, ev)
+    try:
+        outcome = run_user_script(script_file, code_dir, list(spec.script_args))
+        return finish(outcome, settings, environ, notice, ev)
+    finally:
+        if lock is not None:
+            lock.release()
 
 
 def run_user_script(script_file: str, code_dir: str, args: list[str]) -> Optional[BaseException]:
@@ -289,6 +351,9 @@ def finish(outcome: Optional[BaseException], s: Any, environ: Mapping[str, str],
             if not isinstance(outcome, (KeyboardInterrupt, SystemExit)):
                 traceback.print_exception(outcome)
             error = f"{type(outcome).__name__}: {outcome}".strip().splitlines()[0][:500]
+            if preempted and isinstance(outcome, KeyboardInterrupt):
+                error = ("preempted (SIGTERM); a retry (or the same command again) resumes from "
+                         "the last checkpoint")
             emit("run_failed", error=error, **({"reason": "preemption"} if preempted else {}))
     except Exception as e:  # noqa: BLE001 - the events are best effort at the very end
         notice(f"warning: the run's last event was not recorded ({type(e).__name__}: {e})")

@@ -50,6 +50,8 @@ class Settings:
     access_mode: str
     environ: Mapping[str, str]
     fits: list[Any] = field(default_factory=list)
+    #: called once the hub runs (after ray.init, which installs Ray's own SIGTERM handler)
+    on_started: Optional[Callable[[], None]] = None
 
 
 _settings: Optional[Settings] = None
@@ -119,6 +121,8 @@ def install(s: Settings) -> None:
     def fit(self: Any, *args: Any, **kwargs: Any) -> Any:
         s.fits.append(self)
         start_hub(self, s)
+        if s.on_started is not None:
+            s.on_started()
         return original_fit(self, *args, **kwargs)
 
     DataParallelTrainer.fit = fit
@@ -257,8 +261,10 @@ class ScriptHub(Emitter):
             fields["from_scratch"] = self.checkpoint_before
         self.emit("progress", **fields)
         if checkpoint:
+            # after the driver's SIGTERM: the checkpoint its should_stop() asked for
+            reason = "preemption" if self.preemption_requested() else "report"
             self.emit("checkpoint_saved", epoch=fields["epoch"], step=fields["step"],
-                      path=checkpoint, registered=True, reason="report")
+                      path=checkpoint, registered=True, reason=reason)
             self.checkpoint_before = checkpoint
 
     def failed_workers(self, errors: Mapping[int, str]) -> None:
@@ -304,6 +310,12 @@ class ScriptEvents(_ray_user_callback()):  # type: ignore[misc]
         errors = {int(rank): f"{type(e).__name__}: {e}".splitlines()[0][:200]
                   for rank, e in worker_exceptions.items()}
         ray.get(self._hub().failed_workers.remote(errors), timeout=60)
+
+
+def started() -> bool:
+    """Whether a fit() of this process started the hub (before it, SIGTERM just ends the
+    script)."""
+    return _pump.thread is not None
 
 
 def hub_or_none() -> Any:

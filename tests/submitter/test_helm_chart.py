@@ -166,6 +166,65 @@ def test_the_issue_workflow_end_to_end(runner) -> None:
     assert rendered == normalized(by_key(yaml.safe_load_all(objects.stdout)))
 
 
+def _script_job(tmp_path, **extra: Any) -> JobSpec:
+    (tmp_path / "train.py").write_text("import ray.train\nprint('mine')\n")
+    (tmp_path / "requirements.txt").write_text("numpy\n")
+    return JobSpec.build(name="mine", script=str(tmp_path / "train.py"),
+                         requirements=str(tmp_path / "requirements.txt"),
+                         script_args=["--lr", "3"], **extra)
+
+
+def test_a_script_jobs_helm_values_give_the_objects_of_render_script(tmp_path, runner) -> None:
+    """Issue 25's Helm path: `submitter render --script train.py --helm-values > v.yaml` carries
+    the code (the ConfigMap's bundle, base64, and SUBMITTER_CODE); `helm template -f v.yaml`
+    renders the same objects as `submitter render --script`: the code ConfigMap, its Role rule,
+    the runner's entrypoint."""
+    from submitter.cli import main
+
+    spec = _script_job(tmp_path)
+    out = runner.invoke(main, ["render", "--name", "mine", "--script", str(tmp_path / "train.py"),
+                               "--requirements", str(tmp_path / "requirements.txt"),
+                               "--helm-values", "--", "--lr", "3"])
+    assert out.exit_code == 0, out.output
+    values = helm().values_from_yaml(out.stdout)
+    assert values["code"]["configmap"] and values["code"]["data"]
+    objects = chart_objects(values)
+    assert objects == expected(spec)
+    assert len([k for k in objects if k[0] == "ConfigMap"]) == 2  # progress and code
+    # the values file read back by render (-f) is the same job: its `code` is packed again
+    (tmp_path / "values.yaml").write_text(out.stdout)
+    again = runner.invoke(main, ["render", "-f", str(tmp_path / "values.yaml")])
+    direct = runner.invoke(main, ["render", "--name", "mine", "--script",
+                                  str(tmp_path / "train.py"), "--requirements",
+                                  str(tmp_path / "requirements.txt"), "--", "--lr", "3"])
+    assert again.exit_code == 0 and again.stdout == direct.stdout, again.output
+
+
+def test_a_bucket_bundle_travels_as_its_uri_in_the_values(tmp_path) -> None:
+    """A bundle over the ConfigMap limit goes to the run's bucket: the values carry its URI (no
+    data), the chart renders render's objects (no code ConfigMap)."""
+    import os
+
+    from submitter.contract import code
+    from submitter.helm_code import helm_values, upload_line
+
+    (tmp_path / "weights.bin").write_bytes(os.urandom(code.CONFIGMAP_LIMIT + 1024))
+    spec = _script_job(tmp_path, storage_path="s3://bucket/runs")
+    values = helm().values_from_yaml(to_yaml(helm_values(spec), stream=False))
+    assert values["code"]["configmap"] is None and values["code"]["data"] == ""
+    assert "s3://bucket/runs/" in values["code"]["ref"]
+    assert chart_objects(values) == expected(spec)
+    assert "submitter submit" in upload_line(spec)
+
+
+def test_script_values_without_their_code_are_refused(tmp_path) -> None:
+    from submitter.helm_code import helm_values
+
+    values = helm_values(_script_job(tmp_path))
+    assert "--helm-values" in refusal({k: v for k, v in values.items() if k != "code"})
+    assert "no script" in refusal({**values, "script": None})
+
+
 def test_minimal_set_name_equals_render_with_defaults() -> None:
     values = helm().parse_set_string("name=gpt2-demo")
     assert chart_objects(values) == expected(JobSpec.build(name="gpt2-demo"))
@@ -377,15 +436,19 @@ def default_values() -> dict[str, Any]:
     return {camel(k): v for k, v in defaults().items()}
 
 
+#: The one chart-only key (submitter/helm_code.py): a --script job's code, null by default.
+CHART_ONLY = {"code": None}
+
+
 def test_values_yaml_holds_exactly_jobspec_defaults() -> None:
     parsed = yaml.safe_load((CHART_DIR / "values.yaml").read_text())
-    assert parsed == default_values()
-    assert list(parsed) == list(default_values())  # same order as JobSpec's fields
+    assert parsed == {**default_values(), **CHART_ONLY}
+    assert list(parsed) == [*default_values(), *CHART_ONLY]  # JobSpec's order, then the chart's
 
 
 def test_values_schema_has_exactly_jobspec_keys_and_no_others() -> None:
     schema = json.loads((CHART_DIR / "values.schema.json").read_text())
-    assert set(schema["properties"]) == set(default_values())
+    assert set(schema["properties"]) == set(default_values()) | set(CHART_ONLY)
     assert schema["additionalProperties"] is False
     with pytest.raises(helm().HelmError, match="nmae"):
         render_chart({"nmae": "typo"})

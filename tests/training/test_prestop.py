@@ -18,6 +18,8 @@ from training import prestop
     (["/usr/bin/python3", "-u", "-m", "training", "--job", "x"], True),
     (["python", "-m", "training", "export", "run"], False),
     (["python", "-m", "training.prestop", "--timeout", "5"], False),
+    (["python", "-m", "training.run_script"], True),  # a --script job's driver
+    (["python", "-m", "training.run_scripts"], False),
     (["python", "-m", "trainingx"], False),
     (["ray::RayTrainWorker.run_train_fn"], True),
     (["ray::RayTrainWorker"], True),

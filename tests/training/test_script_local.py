@@ -8,12 +8,15 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
 from tests.conftest import ROOT
+from training import prestop
 
 pytestmark = pytest.mark.slow
 SCRIPTS = ROOT / "tests" / "scripts"
@@ -28,6 +31,69 @@ def _submit(storage, name, script, *args, extra=()):
 
 def _events(run_dir):
     return [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+
+
+def _start_driver(storage, name, script, log, *args):
+    """`python -m training.run_script` as `submit --local` starts it (its exit code is the
+    pod's: 143 preempted), in a session of its own."""
+    from submitter.code_plan import local_code_env
+    from submitter.contract.naming import ENV_JOB
+    from submitter.local import local_spec, script_command
+
+    spec = local_spec({}, {"name": name, "script": str(script), "script_args": args},
+                      str(storage))
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "RAY_AUTH_MODE": "disabled",
+           ENV_JOB: spec.document(), **local_code_env(spec)}
+    env.pop("RAY_ADDRESS", None)
+    return subprocess.Popen(script_command(), env=env, stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+
+
+def _tree(pid):
+    """pid and its descendants (this test's Ray: other sessions may run their own)."""
+    out, todo = [pid], [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            tasks = os.listdir(f"/proc/{p}/task")
+        except OSError:
+            continue
+        for t in tasks:
+            try:
+                kids = [int(c) for c in open(f"/proc/{p}/task/{t}/children").read().split()]
+            except OSError:
+                kids = []
+            out += kids
+            todo += kids
+    return out
+
+
+def _preempt(storage, name, proc, after):
+    """Once the run reports past `after` events, do what the pods' preStop hook does: SIGTERM
+    to the driver and the Ray Train workers (training.prestop's choice of processes, limited to
+    this run's), and wait for them. Returns the driver's exit code."""
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and proc.poll() is None:
+        events = _events(storage / name)[after:] if (storage / name / "events.jsonl").exists() \
+            else []
+        if sum(e["type"] == "progress" for e in events) >= 2:
+            break
+        time.sleep(0.2)
+    try:
+        assert proc.poll() is None, "the run ended before it could be preempted"
+        ours = set(_tree(proc.pid))
+        pids = [p for p in prestop.targets(me=os.getpid()) if p in ours]
+        assert proc.pid in pids and len(pids) >= 2, pids  # the driver and its workers
+        prestop.stop(pids, timeout=120)
+        code = proc.wait(timeout=120)
+    finally:
+        for pid in _tree(proc.pid):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        proc.wait(timeout=30)
+    return code
 
 
 def test_a_torch_trainer_script_gets_storage_events_and_resume(storage, tmp_path):
@@ -54,11 +120,32 @@ def test_a_torch_trainer_script_gets_storage_events_and_resume(storage, tmp_path
     assert record["program"] == "script" and record["code"]["entry"] == "torch_regression.py"
     assert "epoch 3" in first.stdout and "mse" in first.stdout  # the script's metrics, live
 
-    second = _submit(storage, "reg", SCRIPTS / "torch_regression.py", "--epochs", "5")
-    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+    # a second start resumes (epoch 4), and is preempted as a pod's preStop hook does it
+    log = tmp_path / "driver.log"
+    with log.open("wb") as f:
+        proc = _start_driver(storage, "reg", SCRIPTS / "torch_regression.py", f, "--epochs", "40",
+                             "--sleep", "0.5")
+        code = _preempt(storage, "reg", proc, after=len(events))
+    out = log.read_text(errors="replace")
+    assert code == 143, out[-4000:]
     new = _events(run_dir)[len(events):]
     assert [e["type"] for e in new][:2] == ["run_started", "run_resumed"]
     assert next(e for e in new if e["type"] == "progress")["epoch"] == 4
+    saved = [e for e in new if e["type"] == "checkpoint_saved" and e["reason"] == "preemption"]
+    assert saved and os.path.isdir(saved[-1]["path"]), out[-4000:]
+    assert new[-1]["type"] == "run_failed" and new[-1]["reason"] == "preemption"
+    at = saved[-1]["epoch"]
+    assert at < 39  # stopped early, by the signal
+
+    # the next start resumes from the preemption checkpoint
+    third = _submit(storage, "reg", SCRIPTS / "torch_regression.py", "--epochs", str(at + 2))
+    assert third.returncode == 0, third.stdout[-3000:] + third.stderr[-3000:]
+    after = _events(run_dir)[len(events) + len(new):]
+    new += after
+    assert [e["type"] for e in after][:2] == ["run_started", "run_resumed"]
+    assert after[1]["resumed_from"] == saved[-1]["path"]
+    assert next(e for e in after if e["type"] == "progress")["epoch"] == at + 1
+    assert after[-1]["type"] == "run_finished"
 
     # a storage_path of the script's own under /tmp: refused before any training, at its line
     refused = _submit(storage, "reg", SCRIPTS / "torch_regression.py", "--storage-path",

@@ -144,3 +144,33 @@ def test_installed_requirements_are_named_with_their_versions(tmp_path, monkeypa
     assert run_script.install_driver_packages(pip, print) == ["tinylib==1.2.3"]
     assert sys.path[0] == str(meta.parent)
     assert run_script.install_driver_packages([], print) == []
+
+
+def test_a_second_driver_of_the_same_run_is_refused_and_a_refusal_frees_the_lock(
+        storage, tmp_path, capsys):
+    """The script runner takes the GPT-2 driver's run lock (run_identity.lock_run_dir) before it
+    writes anything; a driver holding it makes a second one exit 2, nothing written."""
+    from submitter.code_plan import local_code_env
+    from submitter.contract.naming import ENV_JOB
+    from submitter.local import local_spec
+    from training.run_identity import LOCK_FILE, RunLock
+    from training.run_script import main
+
+    (tmp_path / "train.py").write_text("print('ran')\n")
+    spec = local_spec({}, {"name": "locked", "script": str(tmp_path / "train.py")}, str(storage))
+    environ = {ENV_JOB: spec.document(), **local_code_env(spec)}
+    run_dir = storage / "locked"
+    held = RunLock(str(run_dir))  # another live driver of this run, on this host
+    held.acquire()
+    try:
+        assert main([], environ=dict(environ)) == 2
+    finally:
+        held.release()
+    assert "is in use by another driver" in capsys.readouterr().err
+    assert not (run_dir / "run.json").exists()
+
+    ref = json.loads(environ[code.ENV_CODE])
+    bad = {**environ, code.ENV_CODE: json.dumps({**ref, "sha256": "0" * 64})}
+    assert main([], environ=bad) == 2  # refused after the lock was taken
+    assert "does not match its hash" in capsys.readouterr().err
+    assert not (run_dir / LOCK_FILE).exists()

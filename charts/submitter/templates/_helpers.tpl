@@ -167,7 +167,7 @@ volume. (Whether a path is durable is the pod's check, with the reason and the f
 
 {{/* submitter.document: the job document (JobSpec.document): the values, name and namespace resolved. */}}
 {{- define "submitter.document" -}}
-{{- $doc := deepCopy .Values -}}
+{{- $doc := omit (deepCopy .Values) "code" -}}
 {{- $_ := set $doc "name" (include "submitter.name" .) -}}
 {{- $_ := set $doc "namespace" (include "submitter.namespace" .) -}}
 {{- toJson $doc -}}
