@@ -1165,27 +1165,6 @@ LOCAL_DEFAULTS: dict[str, Any] = {
 
 
 #: Ray Train's FSDP wraps only GPU workers (prepare_model raises on CPU, inside the pod).
-def accumulation_problem(global_batch: int, workers: int, per_worker: int) -> str | None:
-    """Why a global batch cannot be reached by accumulating whole micro-batches, or None."""
-    micro = workers * per_worker
-    if global_batch % micro:
-        lower, upper = max(micro, global_batch // micro * micro), -(-global_batch // micro) * micro
-        return (f"--global-batch-size {global_batch} is not a multiple of {workers} worker(s) x "
-                f"--batch-size-per-worker {per_worker} = {micro}: use {lower}"
-                + (f" or {upper}" if upper != lower else ""))
-    return None
-
-
-def accumulation_steps(global_batch: int | None, workers: int, per_worker: int) -> int:
-    """Micro-batches per optimizer step on each worker (1 without a global batch)."""
-    if global_batch is None:
-        return 1
-    problem = accumulation_problem(global_batch, workers, per_worker)
-    if problem:
-        raise SpecError(problem)
-    return global_batch // (workers * per_worker)
-
-
 FSDP_NEEDS_GPUS = ("--fsdp shards the model across GPUs: add --gpu-per-pod N, or leave out "
                    "--fsdp to train on CPUs with DDP")
 

@@ -191,13 +191,14 @@ def test_the_cpu_fit_check_holds_for_an_elastic_group():
 @pytest.mark.parametrize("replicas, per_worker, global_batch", [
     ("2", 8, 16), ("2", 8, 48), ("1:2", 8, 16), ("2:4", 8, 96), ("2:4", 4, 48), ("1:3", 1, 6)])
 def test_a_global_batch_every_group_size_reaches_is_accepted(replicas, per_worker, global_batch):
-    from submitter.contract.spec import accumulation_steps
+    from submitter.contract.batch import shares
 
     spec = JobSpec.build(name="j", replicas=replicas, batch_size_per_worker=per_worker,
                          global_batch_size=global_batch)
     for world in range(spec.min_train_workers, spec.num_train_workers + 1):
-        accum = accumulation_steps(global_batch, world, per_worker)
-        assert accum * world * per_worker == global_batch  # the same step on every size
+        split = shares(global_batch, world, per_worker)
+        assert sum(split) == global_batch and len(split) == world  # the same step on every size
+        assert all(share > 0 and share % per_worker == 0 for share in split)  # whole micro-batches
 
 
 @pytest.mark.parametrize("replicas, global_batch, message", [
@@ -212,15 +213,6 @@ def test_a_global_batch_some_group_size_cannot_reach_is_refused_in_one_line(
     with pytest.raises(SpecError, match=message.replace("(", r"\(").replace(")", r"\)")) as e:
         JobSpec.build(name="j", replicas=replicas, global_batch_size=global_batch)
     assert "\n" not in str(e.value)
-
-
-def test_accumulation_without_a_global_batch_is_one_micro_batch():
-    from submitter.contract.spec import accumulation_steps
-
-    assert accumulation_steps(None, 3, 8) == 1
-    assert accumulation_steps(48, 3, 8) == 2 and accumulation_steps(48, 2, 8) == 3
-    with pytest.raises(SpecError, match="not a multiple"):
-        accumulation_steps(48, 5, 8)
 
 
 # --- #10 item 2: memory that fits -------------------------------------------------------------

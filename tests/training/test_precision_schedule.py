@@ -78,12 +78,10 @@ def test_the_same_total_keeps_the_plan_and_a_new_run_gets_a_first_plan():
 
 def test_gradient_accumulation_reaches_the_global_batch_or_says_what_would():
     from submitter.contract.errors import SpecError
-    from submitter.contract.spec import JobSpec, accumulation_steps
+    from submitter.contract.spec import JobSpec
 
-    assert accumulation_steps(None, 4, 8) == 1
-    assert accumulation_steps(256, 4, 8) == 8
     with pytest.raises(SpecError, match="use 64 or 96") as e:
-        accumulation_steps(80, 4, 8)
+        JobSpec.build(name="j", replicas=4, batch_size_per_worker=8, global_batch_size=80)
     assert "\n" not in str(e.value)
     with pytest.raises(SpecError, match="use 32"):
         JobSpec.build(name="j", replicas=2, batch_size_per_worker=16, global_batch_size=20)
