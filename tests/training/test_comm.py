@@ -10,6 +10,7 @@ import os
 
 import pytest
 
+from tests.support import gloo
 from tests.support.kuberay_standin import free_port
 
 torch = pytest.importorskip("torch")
@@ -23,11 +24,8 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
 
     from training.comm import BUCKET_CAP_MB, pod_network_ddp
     from training.model import build_model, gpt2_config
-    from training.parallel import gradient_sync
 
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world)
+    gloo.join(rank, world, port)
     config = gpt2_config("tiny", VOCAB, EOT, BLOCK)
     torch.manual_seed(1)
     reference = DistributedDataParallel(build_model(config))
@@ -56,13 +54,11 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
     per_micro, max_diff = [], 0.0
     generator = torch.Generator().manual_seed(rank)
     for _ in range(STEPS):
-        for k in range(ACCUM):
-            x = torch.randint(0, VOCAB, (MICRO, BLOCK), generator=generator)
+        for last, x in gloo.micro_batches(generator, ACCUM, MICRO, VOCAB, BLOCK):
             for net in (model, reference):
-                with gradient_sync(net, sync=k == ACCUM - 1):
-                    (net(input_ids=x, labels=x).loss / ACCUM).backward()
+                gloo.backward(net, x, ACCUM, last)
             # what backward() left: the tied gradient already reduced (or not, under no_sync)
-            if k == ACCUM - 1:
+            if last:
                 ours = dict(model.module.named_parameters())
                 for name, p in reference.module.named_parameters():
                     max_diff = max(max_diff, float((ours[name].grad - p.grad).abs().max()))

@@ -13,6 +13,7 @@ import os
 
 import pytest
 
+from tests.support import gloo
 from tests.support.kuberay_standin import free_port
 
 torch = pytest.importorskip("torch")
@@ -27,12 +28,10 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
     from torch.distributed.tensor import DTensor
 
     from training.model import build_model, gpt2_config
-    from training.parallel import gradient_sync, shard_fsdp
+    from training.parallel import shard_fsdp
     from training.precision import choose_precision
 
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world)
+    gloo.join(rank, world, port)
     gathers = [0]
     real = dist.all_gather_single
 
@@ -52,11 +51,9 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
         generator = torch.Generator().manual_seed(rank)
         per_micro = []
         for _ in range(STEPS):
-            for k in range(ACCUM):
-                x = torch.randint(0, VOCAB, (MICRO, BLOCK), generator=generator)
+            for last, x in gloo.micro_batches(generator, ACCUM, MICRO, VOCAB, BLOCK):
                 gathers[0] = 0
-                with gradient_sync(model, sync=k == ACCUM - 1):
-                    (model(input_ids=x, labels=x).loss / ACCUM).backward()
+                gloo.backward(model, x, ACCUM, last)
                 per_micro.append(gathers[0])
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)

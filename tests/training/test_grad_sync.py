@@ -22,6 +22,7 @@ torch = pytest.importorskip("torch")
 
 from submitter.contract import batch  # noqa: E402
 from submitter.contract.spec import JobSpec  # noqa: E402
+from tests.support import gloo  # noqa: E402
 
 VOCAB, EOT, BLOCK, MICRO, ACCUM, STEPS = 257, 256, 16, 2, 4, 3
 
@@ -39,12 +40,10 @@ def _worker(rank: int, world: int, port: int, mode: str, out: str) -> None:
     from torch.nn.parallel import DistributedDataParallel
 
     from training.model import build_model, gpt2_config
-    from training.parallel import gradient_sync, shard_fsdp
+    from training.parallel import shard_fsdp
     from training.precision import choose_precision
 
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world)
+    gloo.join(rank, world, port)
     torch.manual_seed(0)
     model = build_model(gpt2_config("tiny", VOCAB, EOT, BLOCK))
     grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
@@ -77,10 +76,8 @@ def _worker(rank: int, world: int, port: int, mode: str, out: str) -> None:
     generator = torch.Generator().manual_seed(rank)
     per_micro = []
     for _ in range(STEPS):
-        for k in range(ACCUM):
-            x = torch.randint(0, VOCAB, (MICRO, BLOCK), generator=generator)
-            with gradient_sync(model, sync=k == ACCUM - 1):
-                (model(input_ids=x, labels=x).loss / ACCUM).backward()
+        for last, x in gloo.micro_batches(generator, ACCUM, MICRO, VOCAB, BLOCK):
+            gloo.backward(model, x, ACCUM, last)
             per_micro.append(dict(count))
             count.update(calls=0, bytes=0)
         optimizer.step()
