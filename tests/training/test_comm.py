@@ -11,21 +11,20 @@ import os
 import pytest
 
 from tests.support import gloo
-from tests.support.kuberay_standin import free_port
 
 torch = pytest.importorskip("torch")
 
 VOCAB, EOT, BLOCK, MICRO, ACCUM, STEPS = 257, 256, 16, 2, 3, 2
 
 
-def _worker(rank: int, world: int, port: int, out: str) -> None:
+def _worker(rank: int, world: int, rendezvous: str, out: str) -> None:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
     from training.comm import BUCKET_CAP_MB, pod_network_ddp
     from training.model import build_model, gpt2_config
 
-    gloo.join(rank, world, port)
+    gloo.join(rank, world, rendezvous)
     config = gpt2_config("tiny", VOCAB, EOT, BLOCK)
     torch.manual_seed(1)
     reference = DistributedDataParallel(build_model(config))
@@ -72,16 +71,13 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
         json.dump({"per_micro": per_micro, "tied_bytes": tied_bytes, "grad_bytes": grad_bytes,
                    "max_diff": max_diff, "launches": model.tied_gradient.launches,
                    "bucket_cap": model.bucket_bytes_cap, "cap_mb": BUCKET_CAP_MB}, f)
-    dist.destroy_process_group()
+    gloo.leave()
 
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
-    import torch.multiprocessing as mp
-
     out = tmp_path_factory.mktemp("comm")
-    mp.start_processes(_worker, args=(2, free_port(), str(out)), nprocs=2, join=True,
-                       start_method="spawn")
+    gloo.spawn(_worker, 2, out, str(out))
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
 
 
@@ -116,20 +112,18 @@ def test_tied_names_finds_the_shared_weight_under_every_name():
     assert tied_names(torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2))) == []
 
 
-def _cuda_worker(rank: int, world: int, port: int, out: str) -> None:
+def _cuda_worker(rank: int, world: int, rendezvous: str, out: str) -> None:
     """Both ranks on one GPU (gloo carries CUDA tensors): the tied all-reduce in bf16 next to
     DDP's `bf16_compress_hook`, against plain DDP with the same hook."""
     import contextlib
 
-    import torch.distributed as dist
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
     from torch.nn.parallel import DistributedDataParallel
 
     from training.comm import pod_network_ddp
     from training.model import build_model, gpt2_config
 
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world)
+    gloo.join(rank, world, rendezvous)
     device, hook = torch.device("cuda", 0), "bf16_compress_hook"
     config = gpt2_config("tiny", VOCAB, EOT, 64)
     torch.manual_seed(1)
@@ -155,16 +149,13 @@ def _cuda_worker(rank: int, world: int, port: int, out: str) -> None:
     with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
         json.dump({"max_diff": max_diff, "launches": model.tied_gradient.launches,
                    "dtype": str(model.tied_gradient.dtype)}, f)
-    dist.destroy_process_group()
+    gloo.leave()
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (bf16 on CUDA tensors)")
 def test_on_cuda_the_tied_gradient_travels_in_bf16_and_equals_plain_ddps(tmp_path):
-    import torch.multiprocessing as mp
-
-    mp.start_processes(_cuda_worker, args=(2, free_port(), str(tmp_path)), nprocs=2, join=True,
-                       start_method="spawn")
+    gloo.spawn(_cuda_worker, 2, tmp_path, str(tmp_path))
     for r in range(2):
         rank = json.loads((tmp_path / f"rank{r}.json").read_text())
         assert rank["launches"] == STEPS and rank["dtype"] == "torch.bfloat16"

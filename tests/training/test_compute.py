@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from tests.conftest import ROOT
+from tests.support import gloo
 from training.compiling import CACHE_DIR, cache_location, compile_enabled
 from training.loss import IGNORE_INDEX, lm_loss, loss_chunk_rows
 from training.model import GELU, build_model, gpt2_config
@@ -242,32 +243,21 @@ def test_compile_auto_means_on_cuda_only_and_the_cache_follows_the_storage(tmp_p
         ("on", "off", "on")
 
 
-def test_fsdp2_with_a_bf16_policy_computes_in_bf16_without_autocast():
+def test_fsdp2_with_a_bf16_policy_computes_in_bf16_without_autocast(_process_group):
     """The MixedPrecisionPolicy is the only cast (no autocast in the loop under FSDP2): the
     blocks see bf16 activations and the loss still comes out fp32."""
-    import socket
-
-    import torch.distributed as dist
-
     from training.parallel import shard_fsdp
     from training.precision import choose_precision
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
-    try:
-        torch.manual_seed(0)
-        model = shard_fsdp(build_model(gpt2_config("tiny", VOCAB, EOT, BLOCK)),
-                           choose_precision("bf16", "cpu", False))
-        seen = []
-        model.transformer.h[0].mlp.register_forward_hook(lambda m, i, o: seen.append(o.dtype))
-        x = torch.randint(0, VOCAB, (2, BLOCK))
-        loss = model(input_ids=x, labels=x).loss
-        loss.backward()
-        assert seen == [torch.bfloat16] and loss.dtype == torch.float32 and torch.isfinite(loss)
-    finally:
-        dist.destroy_process_group()
+    torch.manual_seed(0)
+    model = shard_fsdp(build_model(gpt2_config("tiny", VOCAB, EOT, BLOCK)),
+                       choose_precision("bf16", "cpu", False))
+    seen = []
+    model.transformer.h[0].mlp.register_forward_hook(lambda m, i, o: seen.append(o.dtype))
+    x = torch.randint(0, VOCAB, (2, BLOCK))
+    loss = model(input_ids=x, labels=x).loss
+    loss.backward()
+    assert seen == [torch.bfloat16] and loss.dtype == torch.float32 and torch.isfinite(loss)
 
 
 # --- compiled vs eager, and the cache on the run's storage (CPU: inductor's C++ backend) ----------
@@ -401,21 +391,15 @@ def _micro_batches(model, steps=2, accum=3):
 
 
 @pytest.fixture
-def _process_group():
-    import socket
-
-    import torch.distributed as dist
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+def _process_group(tmp_path):
+    """A world of one (what FSDP2 and DDP need), with dynamo's caches fresh on both sides."""
+    gloo.join(0, 1, gloo.rendezvous(tmp_path))
     torch._dynamo.reset()
     try:
         yield
     finally:
         torch._dynamo.reset()
-        dist.destroy_process_group()
+        gloo.leave()
 
 
 @pytest.mark.parametrize("layout", ["single", "ddp"])

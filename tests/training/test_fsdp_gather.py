@@ -14,14 +14,13 @@ import os
 import pytest
 
 from tests.support import gloo
-from tests.support.kuberay_standin import free_port
 
 torch = pytest.importorskip("torch")
 
 VOCAB, EOT, BLOCK, MICRO, ACCUM, STEPS = 257, 256, 16, 2, 4, 2
 
 
-def _worker(rank: int, world: int, port: int, out: str) -> None:
+def _worker(rank: int, world: int, rendezvous: str, out: str) -> None:
     import torch.distributed as dist
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
     from torch.distributed.fsdp import FSDPModule
@@ -31,7 +30,7 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
     from training.parallel import shard_fsdp
     from training.precision import choose_precision
 
-    gloo.join(rank, world, port)
+    gloo.join(rank, world, rendezvous)
     gathers = [0]
     real = dist.all_gather_single
 
@@ -67,15 +66,12 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
         result["units"] = sum(isinstance(m, FSDPModule) for m in model.modules())
     with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
         json.dump(result, f)
-    dist.destroy_process_group()
+    gloo.leave()
 
 
 @pytest.mark.slow  # two processes, each importing torch and transformers
 def test_fsdp2_gathers_each_unit_once_per_optimizer_step(tmp_path):
-    import torch.multiprocessing as mp
-
-    mp.start_processes(_worker, args=(2, free_port(), str(tmp_path)), nprocs=2, join=True,
-                       start_method="spawn")
+    gloo.spawn(_worker, 2, tmp_path, str(tmp_path))
     for rank in range(2):
         r = json.loads((tmp_path / f"rank{rank}.json").read_text())
         units = r["units"]

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 
 import pytest
 
@@ -27,13 +26,7 @@ from tests.support import gloo  # noqa: E402
 VOCAB, EOT, BLOCK, MICRO, ACCUM, STEPS = 257, 256, 16, 2, 4, 3
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _worker(rank: int, world: int, port: int, mode: str, out: str) -> None:
+def _worker(rank: int, world: int, rendezvous: str, mode: str, out: str) -> None:
     """One rank: STEPS optimizer steps of ACCUM micro-batches; writes the counts per micro-batch."""
     import torch.distributed as dist
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
@@ -43,7 +36,7 @@ def _worker(rank: int, world: int, port: int, mode: str, out: str) -> None:
     from training.parallel import shard_fsdp
     from training.precision import choose_precision
 
-    gloo.join(rank, world, port)
+    gloo.join(rank, world, rendezvous)
     torch.manual_seed(0)
     model = build_model(gpt2_config("tiny", VOCAB, EOT, BLOCK))
     grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
@@ -85,14 +78,11 @@ def _worker(rank: int, world: int, port: int, mode: str, out: str) -> None:
     with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
         json.dump({"per_micro": per_micro, "grad_bytes": grad_bytes, "units": units,
                    "params": sum(p.numel() for p in model.parameters())}, f)
-    dist.destroy_process_group()
+    gloo.leave()
 
 
 def _run(mode: str, tmp_path) -> list[dict]:
-    import torch.multiprocessing as mp
-
-    mp.start_processes(_worker, args=(2, _free_port(), mode, str(tmp_path)), nprocs=2,
-                       join=True, start_method="spawn")
+    gloo.spawn(_worker, 2, tmp_path, mode, str(tmp_path))
     return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
 
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 from types import SimpleNamespace
 
 import pytest
@@ -16,6 +15,7 @@ torch = pytest.importorskip("torch")
 
 from submitter.contract import batch  # noqa: E402
 from submitter.contract.spec import JobSpec  # noqa: E402
+from tests.support import gloo  # noqa: E402
 from training.microbatch import choose, sequences_that_fit_here, worker_batch  # noqa: E402
 
 GIB = 2**30
@@ -105,17 +105,11 @@ def test_weighted_losses_make_the_averaged_gradient_the_token_mean_of_the_step()
 VOCAB, EOT, BLOCK, GLOBAL = 257, 256, 16, 20
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _sequences() -> "torch.Tensor":
     return torch.randint(0, VOCAB, (GLOBAL, BLOCK), generator=torch.Generator().manual_seed(7))
 
 
-def _ddp_rank(rank: int, world: int, port: int, out: str) -> None:
+def _ddp_rank(rank: int, world: int, rendezvous: str, out: str) -> None:
     """One rank of a group of `world`: its share of the step, its micro-batches (a card that
     fits 4 sequences), the loop's gradient_sync and loss weight; writes its gradient."""
     import torch.distributed as dist
@@ -124,9 +118,7 @@ def _ddp_rank(rank: int, world: int, port: int, out: str) -> None:
     from training.model import build_model, gpt2_config
     from training.parallel import gradient_sync
 
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world)
+    gloo.join(rank, world, rendezvous)
     torch.manual_seed(0)
     model = DistributedDataParallel(build_model(gpt2_config("tiny", VOCAB, EOT, BLOCK)))
     mine = worker_batch(batch.Resolved(None, GLOBAL, fits=4), world, rank)
@@ -144,13 +136,11 @@ def _ddp_rank(rank: int, world: int, port: int, out: str) -> None:
         torch.save({"grad": _flat_grad(model.module), "loss": float(step_loss) / world,
                     "micro": mine.micro, "accumulation": mine.accumulation},
                    os.path.join(out, f"world{world}.pt"))
-    dist.destroy_process_group()
+    gloo.leave()
 
 
 @pytest.mark.slow  # 2 + 3 processes, each importing torch and transformers
 def test_a_resize_that_changes_the_micro_batch_keeps_the_step_gradient_and_loss(tmp_path):
-    import torch.multiprocessing as mp
-
     from training.model import build_model, gpt2_config
 
     torch.manual_seed(0)
@@ -161,8 +151,7 @@ def test_a_resize_that_changes_the_micro_batch_keeps_the_step_gradient_and_loss(
     reference = _flat_grad(model)
     got = {}
     for world in (2, 3):
-        mp.start_processes(_ddp_rank, args=(world, _free_port(), str(tmp_path)), nprocs=world,
-                           join=True, start_method="spawn")
+        gloo.spawn(_ddp_rank, world, tmp_path, str(tmp_path))
         got[world] = torch.load(tmp_path / f"world{world}.pt")
     # 2 workers: 10 sequences each, 5 x 2; 3 workers: 7/7/6, rank 0 runs 7 x 1 (rank 2: 2 x 3)
     assert [(got[w]["micro"], got[w]["accumulation"]) for w in (2, 3)] == [(2, 5), (1, 7)]

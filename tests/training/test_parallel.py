@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import io
 import os
-import socket
 
 import pytest
 import torch
-import torch.distributed as dist
 
+from tests.support import gloo
 from training.model import build_model, build_optimizer, gpt2_config
 from training.parallel import comm_hook_name, shard_fsdp
 from training.precision import bf16_native, choose_precision
@@ -19,20 +18,12 @@ from training.precision import bf16_native, choose_precision
 VOCAB, EOT, BLOCK = 257, 256, 32
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
-def one_rank_group(request):
+def one_rank_group(request, tmp_path):
     """A world of one (the process group FSDP2 and DDP need), torn down after the test."""
-    backend = getattr(request, "param", "gloo")
-    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0,
-                            world_size=1)
+    gloo.join(0, 1, gloo.rendezvous(tmp_path), backend=getattr(request, "param", "gloo"))
     yield
-    dist.destroy_process_group()
+    gloo.leave()
 
 
 def _model(seed: int = 0, device: str = "cpu"):
