@@ -8,6 +8,7 @@ import signal
 
 import pytest
 
+from tests.support import gloo
 from training import preempt
 
 
@@ -192,28 +193,24 @@ class _NoPoller:
 
 # --- the stop flag is agreed at every step (issue 23) ---------------------------------------------
 
-def _gate_rank(rank: int, init: str, signal_at: int, out) -> None:
+def _gate_rank(rank: int, world: int, rendezvous: str, signal_at: int, out) -> None:
     """One rank of a 2-process gloo group: 12 steps through a StepGate; rank 1 gets the request
     during step `signal_at` (after the step began). Puts (rank, step it stopped at)."""
-    import torch.distributed as dist
-
     from training import preempt as p
 
-    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
-    try:
-        gate = p.StepGate()
-        stopped = None
-        for step in range(1, 13):
-            gate.begin()
-            if rank == 1 and step == signal_at:
-                p.request()
-            if gate.stop():
-                stopped = step
-                break
-        gate.close()
-        out.put((rank, stopped))
-    finally:
-        dist.destroy_process_group()
+    gloo.join(rank, world, rendezvous)
+    gate = p.StepGate()
+    stopped = None
+    for step in range(1, 13):
+        gate.begin()
+        if rank == 1 and step == signal_at:
+            p.request()
+        if gate.stop():
+            stopped = step
+            break
+    gate.close()
+    out.put((rank, stopped))
+    gloo.leave()
 
 
 def test_every_rank_stops_one_step_after_the_signal_whatever_progress_every(tmp_path):
@@ -225,8 +222,8 @@ def test_every_rank_stops_one_step_after_the_signal_whatever_progress_every(tmp_
 
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
-    init = f"file://{tmp_path / 'rendezvous'}"
-    procs = [ctx.Process(target=_gate_rank, args=(r, init, 4, out)) for r in (0, 1)]
+    meet = gloo.rendezvous(tmp_path)
+    procs = [ctx.Process(target=_gate_rank, args=(r, 2, meet, 4, out)) for r in (0, 1)]
     for proc in procs:
         proc.start()
     try:
