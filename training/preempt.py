@@ -100,6 +100,23 @@ def seconds_left(budget_s: float, now: Optional[float] = None) -> float:
     return max(0.0, start + budget_s - now)
 
 
+def follow_driver(hub: Any, done: threading.Event, every: float = 1.0) -> None:
+    """Until `done`: ask the run's hub every `every` seconds whether the driver got SIGTERM (a
+    preemption of the head pod alone, whose preStop hook reaches no worker on another pod),
+    and request the checkpoint here when it did."""
+    import ray
+
+    while not done.wait(every):
+        try:
+            if ray.get(hub.preemption_requested.remote(), timeout=10):
+                request()
+                return
+        except ray.exceptions.GetTimeoutError:
+            continue  # a busy node answers late: a missed request costs the checkpoint
+        except Exception:  # noqa: BLE001 - the driver is going away; SIGTERM still works
+            return
+
+
 class StepGate:
     """The loop's view: `begin()` before a step, `stop()` after it. In a distributed group the
     flag is max-reduced asynchronously during the step, on a gloo group of its own (host memory:
@@ -117,21 +134,8 @@ class StepGate:
         self._done = threading.Event()
         _armed.set()
         if hub is not None:  # the driver got SIGTERM: it tells the run's emitter actor
-            threading.Thread(target=self._poll, args=(hub, poll_s), name="preemption",
-                             daemon=True).start()
-
-    def _poll(self, hub: Any, every: float) -> None:
-        import ray
-
-        while not self._done.wait(every):
-            try:
-                if ray.get(hub.preemption_requested.remote(), timeout=10):
-                    request()
-                    return
-            except ray.exceptions.GetTimeoutError:
-                continue  # a busy node answers late: a missed request costs the checkpoint
-            except Exception:  # noqa: BLE001 - the driver is going away; SIGTERM still works
-                return
+            threading.Thread(target=follow_driver, args=(hub, self._done, poll_s),
+                             name="preemption", daemon=True).start()
 
     def begin(self) -> None:
         if self.dist is None:

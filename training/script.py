@@ -12,11 +12,21 @@ The pods' preStop hook (training/prestop.py) sends SIGTERM to the driver and eve
 worker of the pod; `python -m training.run_script` installs `worker_setup` as Ray's worker
 setup hook, so in a worker that has called `should_stop()` once the signal only sets a flag
 (Ray's own handler would end the process at once, losing the steps since the last checkpoint).
+A preemption of the head pod alone reaches no worker on another pod: the driver tells the
+run's hub, and `should_stop()` in a Ray worker asks the hub about once a second (in a thread
+of its own, started by the first call), as the GPT-2 loop does.
 """
 
 from __future__ import annotations
 
+import sys
+import threading
+
 from training import preempt
+
+#: The run's event hub, a named actor in the job's Ray namespace (training.script_hooks).
+HUB_NAME = "submitter-script-events"
+_following: list[threading.Thread] = []
 
 
 class Preempted(RuntimeError):
@@ -28,7 +38,26 @@ def should_stop() -> bool:
     """True once this process got SIGTERM: checkpoint now and stop. The first call arms the
     flag (from then on SIGTERM no longer ends the worker at once)."""
     preempt._armed.set()
+    if not _following:
+        _follow_the_driver()
     return preempt.requested()
+
+
+def _follow_the_driver(every: float = 1.0) -> None:
+    """In a Ray worker of a script run: ask the run's hub whether the driver got SIGTERM."""
+    ray = sys.modules.get("ray")  # a worker has it; a plain script (no Ray) has nothing to ask
+    thread = threading.Thread(target=_poll_hub, args=(ray, every), name="preemption", daemon=True)
+    _following.append(thread)
+    if ray is not None and ray.is_initialized():
+        thread.start()
+
+
+def _poll_hub(ray: object, every: float) -> None:
+    try:
+        hub = ray.get_actor(HUB_NAME)  # type: ignore[attr-defined]
+    except Exception:  # noqa: BLE001 - no hub (not run by training.run_script): SIGTERM still works
+        return
+    preempt.follow_driver(hub, threading.Event(), every)
 
 
 def worker_setup() -> None:

@@ -25,9 +25,8 @@ from typing import Any, Callable, Mapping, Optional
 
 from submitter.contract.errors import StoragePolicyError, UsageError
 from training.emitter import Emitter, run_sinks
+from training.script import HUB_NAME
 
-#: The hub's actor name (one per driver: the run's Ray namespace is the job's own).
-HUB_NAME = "submitter-script-events"
 #: Metric names taken as the GPT-2 events' fields when a script reports them.
 STEP_KEYS = ("step", "global_step", "iteration", "training_iteration")
 

@@ -4,7 +4,8 @@ It knows nothing of submitter (no storage_path, no run name): the runner gives t
 resumes with the pattern of docs/own-script.md, reports `loss` and its own `mse`, and
 checkpoints on SIGTERM with training.script.should_stop(). Test knobs (arguments):
 --epochs N, --workers N, --crash-once FILE (rank 1 dies once at epoch 2: a worker failure),
---storage-path P (the script sets its own, which the runner checks), --sleep S per epoch.
+--storage-path P (the script sets its own, which the runner checks), --sleep S per epoch,
+--checkpoint-every N epochs (and whenever should_stop() says so).
 """
 
 import argparse
@@ -44,14 +45,16 @@ def train_func(config):
         loss.backward()
         opt.step()
         time.sleep(config["sleep"])
+        stop = should_stop()
+        save = rank == 0 and (stop or (epoch + 1) % config["checkpoint_every"] == 0)
         with tempfile.TemporaryDirectory() as d:
-            if rank == 0:
+            if save:
                 inner = model.module if hasattr(model, "module") else model
                 torch.save({"model": inner.state_dict(), "opt": opt.state_dict(), "epoch": epoch},
                            os.path.join(d, "state.pt"))
             ray.train.report({"epoch": epoch, "loss": loss.item(), "mse": loss.item()},
-                             checkpoint=Checkpoint.from_directory(d) if rank == 0 else None)
-        if should_stop():
+                             checkpoint=Checkpoint.from_directory(d) if save else None)
+        if stop:
             raise Preempted("checkpointed on SIGTERM")
 
 
@@ -62,12 +65,14 @@ if __name__ == "__main__":
     p.add_argument("--crash-once", default="")
     p.add_argument("--storage-path", default=None)
     p.add_argument("--sleep", type=float, default=0.0)
+    p.add_argument("--checkpoint-every", type=int, default=1)
     a = p.parse_args()
     run_config = RunConfig(storage_path=a.storage_path,
                            failure_config=FailureConfig(max_failures=2))
     trainer = TorchTrainer(train_func,
                            train_loop_config={"epochs": a.epochs, "crash_once": a.crash_once,
-                                              "sleep": a.sleep},
+                                              "sleep": a.sleep,
+                                              "checkpoint_every": a.checkpoint_every},
                            scaling_config=ScalingConfig(num_workers=a.workers,
                                                         resources_per_worker={"CPU": 0.5}),
                            run_config=run_config)

@@ -69,9 +69,11 @@ def _tree(pid):
 
 
 def _preempt(storage, name, proc, after):
-    """Once the run reports past `after` events, do what the pods' preStop hook does: SIGTERM
-    to the driver and the Ray Train workers (training.prestop's choice of processes, limited to
-    this run's), and wait for them. Returns the driver's exit code."""
+    """Once the run reports past `after` events, preempt the head pod alone: its preStop hook
+    picks the driver (training.prestop's choice of processes, limited to this run's, would take
+    this one pod's workers too), and only the driver gets SIGTERM, as when the workers run on
+    other pods: they learn it from the run's hub (`should_stop()` asks it). Returns the
+    driver's exit code."""
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and proc.poll() is None:
         events = _events(storage / name)[after:] if (storage / name / "events.jsonl").exists() \
@@ -84,7 +86,7 @@ def _preempt(storage, name, proc, after):
         ours = set(_tree(proc.pid))
         pids = [p for p in prestop.targets(me=os.getpid()) if p in ours]
         assert proc.pid in pids and len(pids) >= 2, pids  # the driver and its workers
-        prestop.stop(pids, timeout=120)
+        prestop.stop([proc.pid], timeout=120)
         code = proc.wait(timeout=120)
     finally:
         for pid in _tree(proc.pid):
@@ -120,11 +122,13 @@ def test_a_torch_trainer_script_gets_storage_events_and_resume(storage, tmp_path
     assert record["program"] == "script" and record["code"]["entry"] == "torch_regression.py"
     assert "epoch 3" in first.stdout and "mse" in first.stdout  # the script's metrics, live
 
-    # a second start resumes (epoch 4), and is preempted as a pod's preStop hook does it
+    # a second start resumes (epoch 4), and its head pod alone is preempted
     log = tmp_path / "driver.log"
     with log.open("wb") as f:
+        # no checkpoint but the one should_stop() asks for: the workers must learn of the
+        # driver's SIGTERM (from the hub) for the run to keep its last steps
         proc = _start_driver(storage, "reg", SCRIPTS / "torch_regression.py", f, "--epochs", "40",
-                             "--sleep", "0.5")
+                             "--sleep", "0.5", "--checkpoint-every", "1000")
         code = _preempt(storage, "reg", proc, after=len(events))
     out = log.read_text(errors="replace")
     assert code == 143, out[-4000:]
