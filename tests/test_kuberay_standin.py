@@ -31,8 +31,10 @@ pytestmark = pytest.mark.slow
 
 NAME = "standin"
 BUCKET = "bkt"
-#: Guards against a hang only; a run takes about a minute on a quiet 2-core machine.
-WATCH_TIMEOUT = "15m"
+#: Guards against a hang only; a run takes about a minute on a quiet 2-core machine. Under
+#: pytest's 600 s limit, so that a hang fails with the attempt's story (every pod's output)
+#: rather than a bare timeout.
+WATCH_TIMEOUT = "8m"
 
 
 def job_file(tmp_path: Path, **overrides) -> str:
