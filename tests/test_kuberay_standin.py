@@ -396,8 +396,10 @@ def test_sigterm_to_the_head_pod_checkpoints_and_the_rayjob_retry_resumes_there(
     status = rayjob_status(cluster)
     assert (status["jobDeploymentStatus"], status["failed"]) == ("Complete", 1)
     assert second.cluster != first.cluster
-    # the rendered preStop hook did it: it found the driver in the head pod (and only there)
+    # the rendered preStop hook did it: it found the driver in the head pod (and only there),
+    # and left the head's node undrained
     assert "SIGTERM to 1 training process" in head.prestop.get("output", ""), head.prestop
+    assert "Ray node not drained (the head pod" in head.prestop.get("output", ""), head.prestop
     # the driver's output outlives both clusters: each session's, from the bucket (#26)
     kept = cluster.cli("logs", NAME)
     assert kept.exit_code == 0 and "the run's stored logs at s3://" in kept.stderr, kept.output
@@ -405,25 +407,27 @@ def test_sigterm_to_the_head_pod_checkpoints_and_the_rayjob_retry_resumes_there(
 
 
 def test_sigterm_to_a_worker_pod_checkpoints_and_ray_train_resumes_there(cluster):
-    """A worker pod's preemption, ended as kubelet ends a KubeRay pod: the preStop hook SIGTERMs
-    the pod's Ray Train worker (not the driver: it runs on the head), the workers write a
-    preemption checkpoint and leave retryably, Ray Train restarts the group from that step, and
-    the job succeeds without a RayJob retry. A short grace period keeps the scenario short: the
-    pod (whose bash PID 1 never gets kubelet's SIGTERM) is SIGKILLed at its end, and a group
-    restarted on it meanwhile is restarted once more on the replacement pod."""
+    """A worker pod's preemption, ended as kubelet ends a KubeRay pod: the preStop hook drains
+    the pod's Ray node and SIGTERMs its Ray Train worker (not the driver: it runs on the head),
+    the workers write a preemption checkpoint and leave retryably, and Ray Train restarts the
+    group from that step once, on the replacement pod (the pod, whose bash PID 1 never gets
+    kubelet's SIGTERM, is SIGKILLed at the grace period's end), not on the drained node; the
+    job succeeds without a RayJob retry. Before the drain the group restarted on the dying
+    pod first and was SIGKILLed there: a second restart, and once in five runs a hang."""
     # no interval checkpoints: a preemption at one's step would be saved as that one
     cluster.submit(max_steps_per_epoch=100, checkpoint_every=0, progress_every=5,
                    termination_grace_period=30)
     cluster.standin.run(NAME)
     watched, worker = preempt_while_training(cluster, "worker", join_s=120)
-    # the rendered preStop hook found the pod's Ray Train worker, and only it
+    # the rendered preStop hook drained the pod's node, and found its Ray Train worker, only it
+    assert "Ray node drained" in worker.prestop.get("output", ""), worker.prestop
     assert "SIGTERM to 1 training process" in worker.prestop.get("output", ""), worker.prestop
     events = cluster.bucket_events()
     types = [e["type"] for e in events]
     preempted = [e for e in events if e["type"] == "checkpoint_saved" and e.get("reason") == "preemption"]
     assert len(preempted) == 1, [(e["type"], e.get("reason"), e.get("step")) for e in events]
     restarts = [e for e in events if e["type"] == "worker_group_restarted" and e["seq"] > preempted[0]["seq"]]
-    assert restarts and restarts[0]["resumed_from"] == preempted[0]["path"], (restarts, preempted)
+    assert len(restarts) == 1 and restarts[0]["resumed_from"] == preempted[0]["path"], (restarts, preempted)
     after = [e for e in events if e["type"] == "progress" and e["seq"] > restarts[0]["seq"]]
     assert after and preempted[0]["step"] < after[0]["step"] <= preempted[0]["step"] + 5, after[:1]
     assert "run_failed" not in types and types[-1] == "run_finished", types  # the driver went on

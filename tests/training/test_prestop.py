@@ -84,3 +84,34 @@ def test_bad_timeout_is_one_line_exit_2(capsys):
         prestop.main(["--timeout", "nan"])
     assert e.value.code == 2
     assert "--timeout" in capsys.readouterr().err
+
+
+RAYLET = "/venv/lib/python3.11/site-packages/ray/core/src/ray/raylet/raylet"
+
+
+def test_the_node_to_drain_is_this_worker_pods_raylet_and_never_the_heads(tmp_path):
+    """The hook drains its own pod's Ray node, read from the raylet's command line; on the head
+    (its GCS server runs there: the driver and the run's hub live on) nothing is drained."""
+    fake_proc(tmp_path, 20, [RAYLET, "--raylet_socket_name=/tmp/s", "--node_id=abc123",
+                             "--gcs-address=10.0.0.1:6379"], "worker-a")
+    fake_proc(tmp_path, 21, [RAYLET, "--node_id=def456", "--gcs-address=10.0.0.1:6379"], "head-b")
+    fake_proc(tmp_path, 22, ["/venv/.../ray/core/src/ray/gcs/gcs_server", "--gcs_server_port=6379"],
+              "head-b")
+    fake_proc(tmp_path, 23, ["ray", "start", "--block"], "pod-c")
+    assert prestop.worker_node(tmp_path, "worker-a") == ("abc123", "10.0.0.1:6379")
+    assert prestop.worker_node(tmp_path, "head-b") is None
+    assert prestop.worker_node(tmp_path, "pod-c") is None  # no raylet (yet): nothing to drain
+
+
+def test_a_drain_that_gets_no_answer_does_not_hold_the_signals_back(monkeypatch):
+    monkeypatch.setattr(prestop, "drain", lambda *a: time.sleep(30) or "drained")
+    start = time.monotonic()
+    said = prestop.drain_in_time(("abc", "10.0.0.1:6379"), 20.0, wait_s=0.5)
+    assert time.monotonic() - start < 5 and said.startswith("not drained (no answer")
+    assert prestop.drain_in_time(None, 20.0).startswith("not drained (the head pod")
+
+
+def test_a_drain_that_fails_says_why_and_never_raises():
+    """No GCS at that address: one line, no traceback (the signals still go out)."""
+    said = prestop.drain_in_time(("00" * 28, "127.0.0.1:9"), 5.0, wait_s=4.0)
+    assert said.startswith("not drained ("), said
