@@ -163,17 +163,47 @@ def test_a_torch_trainer_script_gets_storage_events_and_resume(storage, tmp_path
     assert len(_events(run_dir)) == len(events) + len(new)  # nothing trained, nothing written
 
 
-def test_a_plain_script_runs_and_changed_code_is_refused(storage, tmp_path):
+def _wheel(directory, name="tinylib", version="1.2.3"):
+    """A pure-Python wheel made here (no index, no build backend: CI installs it offline)."""
+    import base64
+    import hashlib
+    import zipfile
+
+    info = f"{name}-{version}.dist-info"
+    files = {f"{name}/__init__.py": "VALUE = 42\n",
+             f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
+             f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
+                              "Tag: py3-none-any\n"}
+    record = [f"{path},sha256={base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b'=').decode()},{len(text.encode())}"
+              for path, text in files.items()] + [f"{info}/RECORD,,"]
+    files[f"{info}/RECORD"] = "\n".join(record) + "\n"
+    path = directory / f"{name}-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as z:
+        for member, text in files.items():
+            z.writestr(member, text)
+    return path
+
+
+def test_a_plain_script_runs_with_its_requirements_and_changed_code_is_refused(storage, tmp_path):
+    """`--requirements` really installed (pip, a wheel made here: CI has no index to rely on)
+    where the script imports it, and named in run.json with its version."""
     code_dir = tmp_path / "project"
     code_dir.mkdir()
-    shutil.copy(SCRIPTS / "plain.py", code_dir / "plain.py")
+    (code_dir / "plain.py").write_text((SCRIPTS / "plain.py").read_text()
+                                       + "import tinylib\nprint('tinylib says', tinylib.VALUE)\n")
     (code_dir / "helper.py").write_text("X = 1\n")
-    ran = _submit(storage, "plain", code_dir / "plain.py", "a", "b")
+    requirements = tmp_path / "requirements.txt"
+    requirements.write_text(f"# the project's one dependency\n{_wheel(tmp_path)}\n")
+    needs = ["--requirements", str(requirements)]
+    ran = _submit(storage, "plain", code_dir / "plain.py", "a", "b", extra=needs)
     assert ran.returncode == 0, ran.stderr[-2000:]
     assert "plain script ran with ['a', 'b']" in ran.stdout
+    assert "tinylib says 42" in ran.stdout
     assert "created no Ray Train trainer" in ran.stdout
+    record = json.loads((storage / "plain" / "run.json").read_text())
+    assert "tinylib==1.2.3" in json.dumps(record), record
     (code_dir / "helper.py").write_text("X = 2\n")
-    changed = _submit(storage, "plain", code_dir / "plain.py")
+    changed = _submit(storage, "plain", code_dir / "plain.py", extra=needs)
     assert changed.returncode == 2 and "helper.py differ" in changed.stderr
-    allowed = _submit(storage, "plain", code_dir / "plain.py", extra=["--allow-code-change"])
+    allowed = _submit(storage, "plain", code_dir / "plain.py", extra=[*needs, "--allow-code-change"])
     assert allowed.returncode == 0 and "changed code (helper.py" in allowed.stdout
