@@ -26,7 +26,8 @@ from training import preempt
 
 #: The run's event hub, a named actor in the job's Ray namespace (training.script_hooks).
 HUB_NAME = "submitter-script-events"
-_following: list[threading.Thread] = []
+#: Set by the first `should_stop()`: the hub is asked by one thread per process at most.
+_following = threading.Event()
 
 
 class Preempted(RuntimeError):
@@ -38,7 +39,8 @@ def should_stop() -> bool:
     """True once this process got SIGTERM: checkpoint now and stop. The first call arms the
     flag (from then on SIGTERM no longer ends the worker at once)."""
     preempt._armed.set()
-    if not _following:
+    if not _following.is_set():
+        _following.set()
         _follow_the_driver()
     return preempt.requested()
 
@@ -46,10 +48,9 @@ def should_stop() -> bool:
 def _follow_the_driver(every: float = 1.0) -> None:
     """In a Ray worker of a script run: ask the run's hub whether the driver got SIGTERM."""
     ray = sys.modules.get("ray")  # a worker has it; a plain script (no Ray) has nothing to ask
-    thread = threading.Thread(target=_poll_hub, args=(ray, every), name="preemption", daemon=True)
-    _following.append(thread)
     if ray is not None and ray.is_initialized():
-        thread.start()
+        threading.Thread(target=_poll_hub, args=(ray, every), name="preemption",
+                         daemon=True).start()
 
 
 def _poll_hub(ray: object, every: float) -> None:
