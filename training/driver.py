@@ -45,22 +45,12 @@ def require_training_stack(dataset: Optional[str] = None, data: Optional[str] = 
 def prepare_run(spec: JobSpec, environ: Any = os.environ) -> tuple[TrainConfig, str]:
     """The run of a job here: its storage checked where it runs (the policy, then the mounted
     filesystem in a pod). Returns the config and a line saying where checkpoints go."""
-    from submitter.contract.storage import OBJECT_STORE_SCHEMES, scheme_of
-    from training.mounts import check_storage_here, check_writable
-
-    from training.run_identity import run_storage_path
-
-    path, line = check_storage_here(spec.resolved_storage_path, spec.storage_mount,
-                                    spec.allow_ephemeral_storage, environ,
-                                    spec.storage_access_mode)
-    if scheme_of(path) not in OBJECT_STORE_SCHEMES:
-        check_writable(path)  # as the pod's user, before Ray starts: one line, exit 2
     from training.elastic import cpus_per_worker
+    from training.mounts import checked_run_root
 
+    root, line = checked_run_root(spec, environ)  # before Ray starts: one line, exit 2
     cpus = cpus_per_worker(spec.elastic, spec.cpus_per_train_worker, 1.0)
-    # a cluster run lives in <storage>/<namespace>/<name>: same name, other namespace, other run
-    return TrainConfig.from_spec(spec, run_storage_path(path, spec.namespace, environ),
-                                 cpus_per_worker=cpus), line
+    return TrainConfig.from_spec(spec, root, cpus_per_worker=cpus), line
 
 
 @dataclass

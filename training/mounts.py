@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import posixpath
 from dataclasses import dataclass
-from typing import Callable, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional
 
 from submitter.contract.errors import StoragePolicyError
 from submitter.contract.storage import (OBJECT_STORE_SCHEMES, check_job_storage,
@@ -204,3 +204,19 @@ def check_writable(path: str, *, probe: Callable[[str], None] = _write_probe,
         f"point with PosixUser {uid}:{gid}, an export owned by {uid}:{gid} (chown it once, or a "
         f"root-squash setting that maps writes to that uid, e.g. all_squash,anonuid={uid},"
         f"anongid={gid}), or --existing-pvc naming a volume owned by uid {uid}") from None
+
+
+def checked_run_root(spec: Any, environ: Mapping[str, str]) -> tuple[str, str]:
+    """The job's storage checked where it runs, as every driver must before Ray starts (the
+    policy, the mounted filesystem in a pod, then a write probe as the pod's user unless it
+    is an object store), and the root of its runs there (`<storage>/<namespace>` in a
+    cluster: same name, other namespace, other run). Returns (root, a line saying where
+    checkpoints go); StoragePolicyError with one line otherwise."""
+    from training.run_identity import run_storage_path
+
+    path, line = check_storage_here(spec.resolved_storage_path, spec.storage_mount,
+                                    spec.allow_ephemeral_storage, environ,
+                                    spec.storage_access_mode)
+    if scheme_of(path) not in OBJECT_STORE_SCHEMES:
+        check_writable(path)
+    return run_storage_path(path, spec.namespace, environ), line

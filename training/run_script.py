@@ -229,16 +229,10 @@ def wait_for_preemption_checkpoint(hub: Any, wait_s: float) -> bool:
 
 def prepare_storage(spec: Any, environ: Mapping[str, str]) -> tuple[str, str, str]:
     """(Ray Train storage_path, run dir, a line), checked as `python -m training` does."""
-    from submitter.contract.storage import OBJECT_STORE_SCHEMES, scheme_of
-    from training.mounts import check_storage_here, check_writable
-    from training.run_identity import join, run_storage_path
+    from training.mounts import checked_run_root
+    from training.run_identity import join
 
-    path, line = check_storage_here(spec.resolved_storage_path, spec.storage_mount,
-                                    spec.allow_ephemeral_storage, environ,
-                                    spec.storage_access_mode)
-    if scheme_of(path) not in OBJECT_STORE_SCHEMES:
-        check_writable(path)
-    root = run_storage_path(path, spec.namespace, environ)
+    root, line = checked_run_root(spec, environ)
     return root, join(root, spec.run_name), line
 
 
