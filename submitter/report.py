@@ -86,7 +86,7 @@ def object_store_events(storage_path: str, name: str, namespace: str | None = No
     try:
         filesystem, root = fs.FileSystem.from_uri(root_uri)
     except (ValueError, OSError) as e:  # ArrowInvalid is a ValueError; missing credentials an OSError
-        raise UsageError(f"cannot open --storage-path {storage_path}: {_first_line(e)}") from None
+        raise UsageError(f"cannot open --storage-path {storage_path}: {first_line(e)}") from None
     root = root.rstrip("/")
     candidates = [f"{root}/{namespace}/{name}"] if namespace else []
     candidates += [f"{root}/{name}", root]
@@ -102,7 +102,7 @@ def object_store_events(storage_path: str, name: str, namespace: str | None = No
                 if found is not None:
                     return _as_uri(root_uri, root, f"{info.path}/{name}/{naming.EVENTS_FILE}"), found
     except OSError as e:  # access denied, no such bucket, endpoint unreachable
-        raise UsageError(f"cannot read {storage_path}: {_first_line(e)}") from None
+        raise UsageError(f"cannot read {storage_path}: {first_line(e)}") from None
     raise NotFound(f"no {naming.EVENTS_FILE} for run {name} under {storage_path}; give the "
                    "--storage-path the run used (its run directory is <storage-path>/<name>, or "
                    "<storage-path>/<namespace>/<name> for a cluster run)")
@@ -122,7 +122,8 @@ def _as_uri(root_uri: str, root: str, path: str) -> str:
     return f"{root_uri.split('://', 1)[0]}://{path}"
 
 
-def _first_line(e: BaseException) -> str:
+def first_line(e: BaseException) -> str:
+    """An error as one line (its first, at most 300 characters) for a user-facing message."""
     return (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
 
 

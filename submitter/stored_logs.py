@@ -17,6 +17,7 @@ from submitter.contract import naming
 from submitter.contract import run_logs as names
 from submitter.contract.errors import NotFound, UsageError
 from submitter.contract.storage import OBJECT_STORE_SCHEMES, scheme_of
+from submitter.report import first_line
 
 #: Seconds between two reads of the stored logs when following them.
 FOLLOW_POLL_S = 2.0
@@ -65,7 +66,7 @@ def find_run(storage_path: str, name: str, namespace: Optional[str]) -> RunFiles
         try:
             filesystem, root = fs.FileSystem.from_uri(storage_path.rstrip("/"))
         except (ValueError, OSError) as e:
-            raise UsageError(f"cannot open --storage-path {storage_path}: {_first_line(e)}") from None
+            raise UsageError(f"cannot open --storage-path {storage_path}: {first_line(e)}") from None
         root = root.rstrip("/")
         runs = [RunFiles(f"{storage_path.rstrip('/')}/{c}".rstrip("/"), filesystem,
                          f"{root}/{c}".rstrip("/")) for c in candidates]
@@ -78,7 +79,7 @@ def find_run(storage_path: str, name: str, namespace: Optional[str]) -> RunFiles
             if run.names(names.LOGS_DIR) or run.read(naming.EVENTS_FILE) is not None:
                 return run
     except OSError as e:  # access denied, no such bucket, endpoint unreachable
-        raise UsageError(f"cannot read {storage_path}: {_first_line(e)}") from None
+        raise UsageError(f"cannot read {storage_path}: {first_line(e)}") from None
     raise NotFound(f"no stored logs for run {name} under {storage_path}; give the --storage-path "
                    "the run used (its run directory is <storage-path>/<namespace>/<name> for a "
                    "cluster run, <storage-path>/<name> for a local one)")
@@ -145,10 +146,6 @@ def _write(out: TextIO, data: bytes) -> None:
     out.flush()
 
 
-def _first_line(e: BaseException) -> str:
-    return (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
-
-
 # --- `submitter logs NAME`: the pods while they exist, else the stored logs ------------------
 
 def job_logs(kube: Callable[[], Any], namespace: str, name: str, *, storage_path: Optional[str],
@@ -180,7 +177,7 @@ def job_logs(kube: Callable[[], Any], namespace: str, name: str, *, storage_path
     except (Unobservable, UsageError) as e:
         if storage_path is None:
             raise
-        err.write(f"logs: cannot ask the cluster ({_first_line(e)}); reading --storage-path\n")
+        err.write(f"logs: cannot ask the cluster ({first_line(e)}); reading --storage-path\n")
     where = storage_path or _storage_of(rayjob)
     if where is None:
         raise NotFound(f"no RayJob {name} and no submitter pod in namespace {namespace}; for a run "
