@@ -234,8 +234,9 @@ def render(output: str | None, output_dir: str | None, helm_values: bool,
         from submitter.plan import to_yaml
 
         click.echo(to_yaml(helm_values(spec), stream=False), nl=False)
-        if upload_line(spec):
-            click.echo(upload_line(spec), err=True)
+        line = upload_line(spec)
+        if line:
+            click.echo(line, err=True)
     elif kind == "yaml":
         click.echo(str(plan), nl=False)
     elif kind == "json":

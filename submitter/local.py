@@ -50,9 +50,10 @@ def local_storage_path(file_values: Mapping[str, Any], flags: Mapping[str, Any],
 def local_spec(file_values: Mapping[str, Any], flags: Mapping[str, Any],
                storage_path: Optional[str] = None) -> JobSpec:
     """LOCAL_DEFAULTS < job file < flags; the storage path is the checked local one."""
-    values = {**LOCAL_DEFAULTS, **normalize_keys(file_values)}
+    from_file = normalize_keys(file_values)
+    values = {**LOCAL_DEFAULTS, **from_file}
     script = flags.get("script") or values.get("script")
-    if script and "name" not in flags and "name" not in normalize_keys(file_values):
+    if script and "name" not in flags and "name" not in from_file:
         values["name"] = script_run_name(str(script))
     values["storage_path"] = storage_path
     overrides = {k: v for k, v in flags.items() if k != "storage_path"}
@@ -111,7 +112,8 @@ def follow_child(spec: JobSpec, storage: str, view: "PlainView") -> LocalOutcome
     env = {**os.environ, ENV_JOB: spec.document(), "PYTHONUNBUFFERED": "1",
            **local_code_env(spec)}
     env.pop("RAY_ADDRESS", None)  # always an embedded Ray, never someone's cluster
-    proc = subprocess.Popen(child_command() if spec.script is None else script_command(), env=env, stdout=subprocess.PIPE, text=True,
+    command = child_command() if spec.script is None else script_command()
+    proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, text=True,
                             encoding="utf-8", errors="replace", bufsize=1,
                             start_new_session=True)  # Ctrl-C reaches it once: forwarded below
     reader = _Reader(proc, view)
@@ -133,7 +135,7 @@ def follow_child(spec: JobSpec, storage: str, view: "PlainView") -> LocalOutcome
                                 "storage path to continue from the last checkpoint")
         return LocalOutcome(False, state, run_dir, error, 130)
     ok = code == 0 and state.status == "finished"
-    program = "python -m training" if spec.script is None else "python -m training.run_script"
+    program = " ".join(["python", *command[1:]])
     error = None if ok else (state.error or (
         f"{program} refused to start (exit 2: the reason is the error line above)"
         if code == 2 else f"{program} exited with code {code}"))
