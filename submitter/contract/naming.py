@@ -102,3 +102,10 @@ EVENTS_FILE = "events.jsonl"
 # --- data -----------------------------------------------------------------------------------------
 #: The offline corpus local runs default to: the source text every Python installation has.
 OFFLINE_DATASET = "python-stdlib"
+
+
+#: Environment variable names that hold credentials: --env would write them in plain text into
+#: the RayJob (and every GitOps copy of it); --secret-env takes them from a Secret instead; the
+#: run's stored logs redact their values (contract.run_logs). Here, a leaf, so that the log
+#: redaction in the pods' emitter does not import the whole JobSpec for one pattern.
+CREDENTIAL_ENV = r"(?i)(SECRET|TOKEN|PASSWORD|PASSWD|API_?KEY|ACCESS_KEY|PRIVATE_KEY|CREDENTIAL)"

@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 from typing import Iterable, Mapping, Optional
 
-from submitter.contract.spec import _CREDENTIAL_ENV
+from submitter.contract.naming import CREDENTIAL_ENV
 
 LOGS_DIR = "logs"
 DRIVER_PREFIX, DRIVER_SUFFIX = "driver-", ".log"
@@ -36,7 +36,7 @@ UPLOAD_EVERY_S = 15.0
 
 MASK = "***"
 #: Variable names that hold credentials: the pattern `--env` refuses in plain text.
-CREDENTIAL_NAME = re.compile(_CREDENTIAL_ENV)
+CREDENTIAL_NAME = re.compile(CREDENTIAL_ENV)
 #: Values shorter than this are not masked ("1", "true" would mask half the log).
 MIN_SECRET_LEN = 6
 _URL_PASSWORD = re.compile(r"(\b[a-zA-Z][a-zA-Z0-9+.-]*://[^/\s:@]+:)[^@\s/]+@")

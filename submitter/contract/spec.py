@@ -24,6 +24,7 @@ from typing import Any, Callable, Mapping, Optional
 
 from submitter.contract import batch
 from submitter.contract.errors import SpecError
+from submitter.contract.naming import CREDENTIAL_ENV as _CREDENTIAL_ENV
 from submitter.contract.naming import OFFLINE_DATASET, RESERVED_ENV_PREFIX
 from submitter.contract.storage import pod_file_schema, storage_path_schema
 from submitter.contract.tracking import tracker_env_problem
@@ -134,9 +135,6 @@ _TOLERATION = _LazyPattern(f"^(?P<key>{_LABEL_PREFIX}?{_LABEL_NAME})(=(?P<value>
 #: A Secret's key (Kubernetes' ConfigMap/Secret key syntax).
 _SECRET_KEY = r"[-._a-zA-Z0-9]+"
 _SECRET_REF = _LazyPattern(f"^(?P<secret>{_DNS1123_SUBDOMAIN.pattern[1:-1]}):(?P<key>{_SECRET_KEY})$")
-#: Environment variable names that hold credentials: --env would write them in plain text into
-#: the RayJob (and every GitOps copy of it); --secret-env takes them from a Secret instead.
-_CREDENTIAL_ENV = r"(?i)(SECRET|TOKEN|PASSWORD|PASSWD|API_?KEY|ACCESS_KEY|PRIVATE_KEY|CREDENTIAL)"
 #: Label and annotation keys the plan, KubeRay and Kueue own: a user label may not fake them
 #: (other app.kubernetes.io/ keys, e.g. part-of, stay the user's).
 RESERVED_LABEL_PREFIXES = ("submitter.dev/", "ray.io/", "kueue.x-k8s.io/")
