@@ -387,7 +387,7 @@ def train_func(loop_config: dict[str, Any]) -> None:
                 timed_due = due > 0
                 # the first report of a start also says how the workers train
                 how = ({"precision": precision.name, "accumulation_steps": accum,
-                        "micro_batch_size": micro_size, **worker_facts}
+                        "micro_batch_size": micro_size, "world_size": world, **worker_facts}
                        if first_step else {})
                 events.emit("progress", epoch=epoch + 1, step=step, loss=round(mean_loss, 5),
                             tokens_per_sec=round(tokens_per_step * window_steps / elapsed, 1),

@@ -154,7 +154,8 @@ def history_points(history: Iterable[Mapping[str, Any]]) -> list[tuple[int, dict
         etype = e.get("type")
         if etype == "run_started":
             facts = dict(e)
-        elif etype in ("run_resumed", "worker_group_restarted") and e.get("world_size"):
+        elif etype in ("run_resumed", "worker_group_restarted", "progress") \
+                and e.get("world_size"):  # a start's first progress: also a fresh run's first
             world = e.get("world_size")
         elif etype == "worker_group_resized":
             world = e.get("to")

@@ -51,8 +51,9 @@ OPTIONAL: dict[str, frozenset[str]] = {
     # the first progress event of every (re)start says how the workers train; with compile on,
     # compile_s is the seconds the first step spent compiling (a restart that finds the run's
     # compile cache spends a few), and the inductor cache's hits/misses (fxgraph_cache_hit ...)
+    # world_size: the group's workers (a fresh run's first start has no event that says it)
     "progress": frozenset({"data_wait_fraction", "precision", "accumulation_steps",
-                           "micro_batch_size", "parallel",
+                           "micro_batch_size", "world_size", "parallel",
                            "tf32", "grad_compression", "compile", "compile_s", "compile_cache",
                            "fxgraph_cache_hit", "fxgraph_cache_miss",
                            # a --script run: rank 0's reported metrics, by the script's names;
@@ -191,7 +192,9 @@ def apply(state: ProgressState, event: Mapping[str, Any]) -> ProgressState:
                        cadence_step=None, cadence_time=None, **common)
     if etype == "progress":
         return replace(state, status="running", epoch=e["epoch"], step=e["step"], loss=e["loss"],
-                       tokens_per_sec=e["tokens_per_sec"], lr=e["lr"], **_cadence(state, e), **common)
+                       tokens_per_sec=e["tokens_per_sec"], lr=e["lr"],
+                       world_size=e.get("world_size", state.world_size), **_cadence(state, e),
+                       **common)
     if etype == "epoch_finished":
         return replace(state, epoch=e["epoch"], train_loss=e["train_loss"],
                        val_loss=e["val_loss"], tokens_per_sec=e["tokens_per_sec"], **common)

@@ -77,6 +77,18 @@ def test_a_new_driver_knows_the_last_size_from_the_history():
     assert (resized["from"], resized["to"]) == (3, 2)
 
 
+def test_a_fresh_runs_first_group_size_survives_the_driver():
+    """A fresh run's first start sends no group event: its first progress carries world_size
+    (training.loop), so the next driver session still sees a resize."""
+    history = [ev.make_event("progress", seq=1, epoch=1, step=1, loss=5.0, tokens_per_sec=1.0,
+                             lr=1e-3, world_size=4),
+               ev.make_event("progress", seq=2, epoch=1, step=2, loss=4.9, tokens_per_sec=1.0,
+                             lr=1e-3)]
+    assert ev.fold(history).world_size == 4
+    resized = Emitter([], history=history).worker_group_started("/b", 1, 2, world_size=2)
+    assert (resized["from"], resized["to"]) == (4, 2)
+
+
 def test_resized_folds_and_reads_as_one_line():
     event = ev.make_event("worker_group_resized", seq=4, resumed_from="/s/j/ck", epoch=1,
                           step=12, global_batch_size=16, **{"from": 2, "to": 1})

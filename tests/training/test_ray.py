@@ -351,6 +351,7 @@ def test_the_preemption_checkpoint_starts_within_a_step_whatever_progress_every(
     events = _events(storage, "gate")
     progress = next(e for e in events if e["type"] == "progress")
     assert progress["accumulation_steps"] == 32
+    assert progress["world_size"] == 2  # a fresh run's first start: only progress says it
     saved = [e for e in events if e["type"] == "checkpoint_saved" and e["reason"] == "preemption"]
     assert len(saved) == 1 and saved[0]["registered"] is True
     assert progress["step"] < saved[0]["step"] <= progress["step"] + 2

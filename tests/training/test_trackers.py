@@ -49,8 +49,9 @@ def _session(em: Emitter, steps: list[int], *, start: bool = True, world: int = 
                 block_size=256)
     em.worker_group_started(None, epoch=1, step=steps[0] - 1, world_size=world)
     for s in steps:
+        first = {"world_size": world} if s == steps[0] else {}  # as training.loop sends it
         em.emit("progress", epoch=1, step=s, loss=loss0 - s / 100, tokens_per_sec=1000.0 + s,
-                lr=1e-3, data_wait_fraction=0.01, grad_norm=0.5)
+                lr=1e-3, data_wait_fraction=0.01, grad_norm=0.5, **first)
     if epoch_end is not None:
         em.emit("epoch_finished", epoch=1, epochs=2, step=epoch_end, train_loss=4.0,
                 val_loss=4.2, tokens_per_sec=1000.0)
@@ -351,6 +352,14 @@ def _wandb_history(run_file: str) -> list[dict]:
     return rows
 
 
+def _wandb_session_order(run_file: str, run_id: str) -> tuple[str, int]:
+    """offline-run-<yyyymmdd_hhmmss>-<run id>[-N]: a second session in the same second gets
+    -N (which sorts before the first's name)."""
+    name = os.path.basename(os.path.dirname(run_file))
+    stamp, _, tail = name.removeprefix("offline-run-").partition(f"-{run_id}")
+    return stamp, int(tail.lstrip("-") or 0)
+
+
 def test_wandb_offline_run_in_the_run_directory_resumed_by_id(tmp_path, monkeypatch):
     for key in [k for k in os.environ if k.startswith("WANDB_")]:
         monkeypatch.delenv(key)
@@ -361,12 +370,17 @@ def test_wandb_offline_run_in_the_run_directory_resumed_by_id(tmp_path, monkeypa
     monkeypatch.setenv("WANDB_MODE", "offline")
     _session(_run_emitter(run_dir, env), [1, 10, 20], finish="failed")
     _session(_run_emitter(run_dir, env), [11, 20, 30], epoch_end=30, finish="ok")
+    import wandb
+
+    wandb.teardown()  # finish() returns before W&B's service has closed the run's file
     run_id = json.load(open(os.path.join(run_dir, "wandb.json")))["id"]
-    files = sorted(glob.glob(os.path.join(run_dir, "wandb", "offline-run-*", f"run-{run_id}.wandb")))
+    files = sorted(glob.glob(os.path.join(run_dir, "wandb", "offline-run-*", f"run-{run_id}.wandb")),
+                   key=lambda f: _wandb_session_order(f, run_id))
     assert len(files) == 2  # one per driver session, one W&B run id: they sync into one run
     rows = [r for f in files for r in _wandb_history(f)]
-    steps = [r["_step"] for r in rows if "train/loss" in r]
-    assert steps == [1, 10, 20, 30]
+    # every row once: session 2 sends nothing at the steps session 1 wrote (W&B drops a step
+    # below a resumed run's last one), its first group's world size came from the history
+    assert [r["_step"] for r in rows] == [1, 10, 20, 30]
     assert any(r.get("val/loss") == pytest.approx(4.2) and r["_step"] == 30 for r in rows)
     assert all("train/grad_norm" in r and "train/workers" in r for r in rows if "train/loss" in r)
 
