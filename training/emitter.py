@@ -72,7 +72,10 @@ class FileSink:
                 start = max(0, f.seek(0, os.SEEK_END) - self.TAIL_BYTES)
                 f.seek(start)
                 tail = f.read()
-                if tail and not tail.endswith(b"\n"):  # a torn line: end it (repair_torn_tail)
+                # a torn last line (a node crashed mid-write) is ended, so this event starts
+                # a line of its own instead of being glued onto the fragment and lost; the
+                # fragment stays (evidence: readers skip lines that are not events)
+                if tail and not tail.endswith(b"\n"):
                     f.write(b"\n")
                 event = build(max(floor, _tail_seq(tail, start > 0)) + 1)
                 f.write((ev.to_json(event) + "\n").encode("utf-8"))
@@ -98,24 +101,6 @@ def _tail_seq(tail: bytes, cut: bool) -> int:
     starts mid-file, so its first line is a fragment."""
     lines = tail.decode("utf-8", errors="replace").splitlines()
     return _last_seq(ev.parse_lines("\n".join(lines[1:] if cut else lines)))
-
-
-def repair_torn_tail(path: str) -> bool:
-    """End a torn last line (a node crashed mid-write) with a newline, so the next event starts
-    a line of its own instead of being glued onto the fragment and lost. The fragment stays (it
-    is evidence, and readers skip lines that are not events). True if it repaired something."""
-    try:
-        with open(path, "rb+") as f:
-            f.seek(0, os.SEEK_END)
-            if f.tell() == 0:
-                return False
-            f.seek(-1, os.SEEK_END)
-            if f.read(1) == b"\n":
-                return False
-            f.write(b"\n")
-            return True
-    except FileNotFoundError:
-        return False
 
 
 class Emitter:
@@ -156,7 +141,7 @@ class Emitter:
                 event = numbered_by.append_next(self.seq, build)
             except OSError as e:  # a bad event still raises, as before any sink saw it
                 log.warning("event sink %s failed: %s", type(numbered_by).__name__, e)
-                numbered_by = None
+                # not tried again below: one warning per event, not two
         if event is None:
             event = build(self.seq + 1)
         self.seq = event["seq"]

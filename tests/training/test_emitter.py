@@ -116,6 +116,18 @@ def test_a_failing_configmap_never_stops_the_other_sinks(tmp_path, caplog):
     assert len(problems) == 1 and "unreachable" in problems[0]  # told once, not per event
 
 
+def test_an_events_file_that_cannot_be_written_warns_once_per_event(tmp_path, caplog):
+    (tmp_path / "ro").write_text("a file where the run directory should be")
+    fs = FileSink(str(tmp_path / "ro" / naming.EVENTS_FILE))
+    seen: list[dict] = []  # a sink after the file still gets the event
+    sink = type("Seen", (), {"write": lambda self, e, state: seen.append(e)})()
+    em = Emitter([fs, sink])
+    with caplog.at_level("WARNING"):
+        event = em.emit("run_started", run_name="r", num_workers=1, storage_path="/s")
+    assert event["seq"] == 1 and seen == [event]
+    assert len([r for r in caplog.records if "FileSink failed" in r.getMessage()]) == 1
+
+
 def test_seq_continues_from_the_configmap_when_no_file_is_shared(monkeypatch):
     held = "\n".join(ev.to_json(ev.make_event("run_finished", seq=s)) for s in (11, 12))
     api = FakeCoreV1(data={naming.CONFIGMAP_EVENTS_KEY: held})
@@ -143,11 +155,8 @@ def test_a_torn_last_line_is_repaired_before_appending(tmp_path):
 
 
 def test_a_complete_last_line_without_newline_is_kept_as_an_event(tmp_path):
-    from training.emitter import repair_torn_tail
-
     path = tmp_path / naming.EVENTS_FILE
     path.write_text(ev.to_json(ev.make_event("run_finished", seq=1)))
-    assert repair_torn_tail(str(path)) is True and repair_torn_tail(str(path)) is False
     FileSink(str(path)).write(ev.make_event("run_failed", seq=2, error="x"), ev.ProgressState())
     assert [e["seq"] for e in FileSink(str(path)).read()] == [1, 2]
 
