@@ -209,14 +209,19 @@ class DriverPreempted(KeyboardInterrupt):
 
 
 class DriverPreemption:
-    """SIGTERM in the driver (`python -m training`): ask every worker, through the run's
-    emitter actor, for a preemption checkpoint; once it is registered (or after `wait_s`,
-    ExitChain.driver_wait_s: longer than the workers' save, shorter than the preStop hook's
-    wait), interrupt `fit()` in the main thread; the driver then records run_failed with
-    reason preemption and exits 143, which the RayJob retries (backoffLimit)."""
+    """SIGTERM in the driver (`python -m training`, `python -m training.run_script`): ask every
+    worker, through the run's emitter actor, for a preemption checkpoint; once it is registered
+    (or after `wait_s`, ExitChain.driver_wait_s: longer than the workers' save, shorter than
+    the preStop hook's wait), interrupt `fit()` in the main thread; the driver then records
+    run_failed with reason preemption and exits 143, which the RayJob retries (backoffLimit).
 
-    def __init__(self, hub: Any, wait_s: float) -> None:
-        self.hub, self.wait_s = hub, wait_s
+    `find_hub` gives the actor when the signal comes (a script's run has one only once its
+    fit() started); with none the main thread is interrupted at once."""
+
+    def __init__(self, hub: Any, wait_s: float,
+                 find_hub: Optional[Callable[[], Any]] = None) -> None:
+        self.wait_s = wait_s
+        self.find_hub = find_hub or (lambda: hub)
         self.fired = False
         self.ready = False
         self.step: Optional[int] = None
@@ -224,9 +229,14 @@ class DriverPreemption:
         self._installed = False
 
     def install(self) -> None:
-        if threading.current_thread() is not threading.main_thread():
+        """In the main thread (elsewhere Python refuses a handler, and Ray keeps its own);
+        again after ray.init, which puts its own SIGTERM handler (exit 1 at once) there."""
+        try:
+            previous = signal.signal(signal.SIGTERM, self._on_sigterm)
+        except ValueError:
             return
-        self._previous = signal.signal(signal.SIGTERM, self._on_sigterm)
+        if not self._installed:
+            self._previous = previous
         self._installed = True
 
     def uninstall(self) -> None:
@@ -242,27 +252,15 @@ class DriverPreemption:
         if self.fired:
             return
         self.fired = True
-        self.hub.request_preemption.remote()
         threading.Thread(target=self._wait_then_interrupt, name="preemption", daemon=True).start()
 
     def _wait_then_interrupt(self) -> None:
         import _thread
 
-        import ray
-
-        deadline = time.monotonic() + self.wait_s
-        while time.monotonic() < deadline:
-            try:
-                events = ray.get(self.hub.since.remote(0),
-                                 timeout=max(deadline - time.monotonic(), 0.001))
-                saved = [e for e in events
-                         if e["type"] == "checkpoint_saved" and e.get("reason") == "preemption"]
-            except Exception:  # noqa: BLE001 - a lost actor, or the deadline
-                break
-            if saved:
-                self.step = saved[-1].get("step")
-                break
-            time.sleep(0.2)
+        hub = self.find_hub()
+        saved = wait_for_preemption_checkpoint(hub, self.wait_s) if hub is not None else None
+        if saved is not None:
+            self.step = saved.get("step")
         # Not SIGINT: during fit() Ray Train's Ctrl-C handler aborts and sys.exit()s. Our own
         # handler, called in the main thread, raises DriverPreempted out of fit() instead.
         self.ready = True
@@ -274,3 +272,23 @@ class DriverPreemption:
                     "a retry (or the same command again) resumes from it")
         return ("preempted (SIGTERM) before a preemption checkpoint was registered; a retry "
                 "resumes from the last checkpoint")
+
+
+def wait_for_preemption_checkpoint(hub: Any, wait_s: float) -> Optional[dict[str, Any]]:
+    """Ask the run's emitter actor for a preemption (the workers poll it) and wait for the
+    checkpoint_saved with reason preemption (returned), or for `wait_s` (None)."""
+    import ray
+
+    deadline = time.monotonic() + wait_s
+    try:
+        ray.get(hub.request_preemption.remote(), timeout=wait_s)
+        while time.monotonic() < deadline:
+            events = ray.get(hub.since.remote(0), timeout=max(deadline - time.monotonic(), 0.001))
+            saved = [e for e in events
+                     if e["type"] == "checkpoint_saved" and e.get("reason") == "preemption"]
+            if saved:
+                return saved[-1]
+            time.sleep(0.2)
+    except Exception:  # noqa: BLE001 - a lost actor, or the deadline: leave now
+        pass
+    return None

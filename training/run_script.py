@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import os
 import runpy
-import signal
 import subprocess
 import sys
 import tempfile
@@ -25,6 +24,7 @@ from typing import Any, Mapping, Optional, Sequence
 
 from submitter.contract import code
 from submitter.contract.errors import SubmitterError, UsageError
+from training.preempt import DriverPreemption
 
 EXIT_PREEMPTED = 143
 #: Where bundles are unpacked (by hash): the code is not checkpoint data, a pod's disk is fine.
@@ -160,71 +160,19 @@ def install_driver_packages(pip: Sequence[str], notice: Any) -> list[str]:
     return sorted(f"{d.metadata['Name']}=={d.version}" for d in distributions(path=[target]))
 
 
-class _Sigterm:
-    """The driver's SIGTERM (the preStop hook). Before any fit(): the script ends at once. During
-    one: the workers were signalled too (their `should_stop()` checkpoints), so the driver asks
-    the run's hub for a preemption, waits until a checkpoint reported after the signal is
-    registered (at most the grace period's `driver_wait_s`, submitter.contract.shutdown), then
-    leaves fit(): the end is 'preempted' (exit 143, a retry resumes from that checkpoint)."""
+def _script_hub() -> Any:
+    """The run's emitter actor once the script's fit() started it (else None)."""
+    from training import script_hooks
 
-    got = False
-    wait_s = 30.0
-    ready = False
-
-    @classmethod
-    def install(cls, wait_s: Optional[float] = None) -> None:
-        """Before the script, and again once its fit() started Ray (ray.init puts its own
-        SIGTERM handler in the driver: exit 1 at once)."""
-        cls.wait_s = cls.wait_s if wait_s is None else wait_s
-        try:
-            signal.signal(signal.SIGTERM, cls._handler)
-        except ValueError:  # fit() from another thread: Ray kept the main thread's handler
-            pass
-
-    @classmethod
-    def _handler(cls, signum: int, frame: Any) -> None:
-        if cls.ready:  # our own wake-up call from the waiting thread
-            cls.ready = False
-            from training.preempt import DriverPreempted
-
-            raise DriverPreempted()
-        if cls.got:
-            return
-        cls.got = True
-        import threading
-
-        threading.Thread(target=cls._wait_then_interrupt, name="preemption", daemon=True).start()
-
-    @classmethod
-    def _wait_then_interrupt(cls) -> None:
-        import _thread
-
-        from training import script_hooks
-
-        hub = script_hooks.hub_or_none() if script_hooks.started() else None
-        if hub is not None:
-            wait_for_preemption_checkpoint(hub, cls.wait_s)
-        cls.ready = True
-        _thread.interrupt_main(signal.SIGTERM)
+    return script_hooks.hub_or_none() if script_hooks.started() else None
 
 
-def wait_for_preemption_checkpoint(hub: Any, wait_s: float) -> bool:
-    """Ask the hub to mark what comes next as the preemption's and wait for a checkpoint_saved
-    with reason preemption (True), or for wait_s (False)."""
-    import ray
-
-    deadline = time.monotonic() + wait_s
-    try:
-        ray.get(hub.request_preemption.remote(), timeout=wait_s)
-        while time.monotonic() < deadline:
-            events = ray.get(hub.since.remote(0), timeout=max(deadline - time.monotonic(), 0.001))
-            if any(e["type"] == "checkpoint_saved" and e.get("reason") == "preemption"
-                   for e in events):
-                return True
-            time.sleep(0.2)
-    except Exception:  # noqa: BLE001 - a lost actor, or the deadline: leave now
-        pass
-    return False
+#: The driver's SIGTERM (the preStop hook), as `python -m training` handles it
+#: (training.preempt.DriverPreemption). Before any fit() the script ends at once; during one
+#: the workers' `should_stop()` checkpoints, and the end is 'preempted' (exit 143, a retry
+#: resumes from that checkpoint). Installed before the script and again once its fit() started
+#: Ray (ray.init puts its own SIGTERM handler in the driver: exit 1 at once).
+_SIGTERM = DriverPreemption(None, 30.0, find_hub=_script_hub)
 
 
 def prepare_storage(spec: Any, environ: Mapping[str, str]) -> tuple[str, str, str]:
@@ -276,7 +224,7 @@ def main(argv: Optional[Sequence[str]] = None, environ: Any = os.environ) -> int
             script_file=os.path.abspath(script_file), entry=ref["entry"],
             storage_mount=spec.storage_mount, allow_ephemeral=spec.allow_ephemeral_storage,
             access_mode=spec.storage_access_mode, environ=dict(environ),
-            on_started=_Sigterm.install)
+            on_started=_SIGTERM.install)
         script_hooks.install(settings)
     except SubmitterError as e:
         if lock is not None:
@@ -285,7 +233,8 @@ def main(argv: Optional[Sequence[str]] = None, environ: Any = os.environ) -> int
         return e.exit_code
     from submitter.contract.shutdown import exit_chain
 
-    _Sigterm.install(exit_chain(spec.termination_grace_period).driver_wait_s)
+    _SIGTERM.wait_s = exit_chain(spec.termination_grace_period).driver_wait_s
+    _SIGTERM.install()
     notice(f"script: {ref['entry']} (code {ref['sha256'][:12]}), run {run_dir}")
     try:
         outcome = run_user_script(script_file, code_dir, list(spec.script_args))
@@ -335,7 +284,7 @@ def finish(outcome: Optional[BaseException], s: Any, environ: Mapping[str, str],
             call = hub.finished.remote() if etype == "run_finished" else hub.emit.remote(etype, **f)
             ray.get(call, timeout=60)
             script_hooks.drain(hub)
-    preempted = _Sigterm.got or "Preempted" in repr(outcome) or (
+    preempted = _SIGTERM.fired or "Preempted" in repr(outcome) or (
         outcome is not None and "training.script.Preempted" in "".join(
             traceback.format_exception(outcome)))
     try:

@@ -161,6 +161,28 @@ def test_sigterm_in_the_driver_asks_the_workers_then_interrupts_fit(fresh_flags,
     assert "checkpoint at step 17" in driver.message()
 
 
+def test_a_script_driver_without_a_run_yet_leaves_at_once_and_reinstalling_keeps_the_old_handler():
+    """The --script driver's SIGTERM before its fit() started a hub: no wait; after ray.init
+    replaced the handler, installing again must not make ours its own fallback."""
+    import time
+
+    before = signal.getsignal(signal.SIGTERM)
+    driver = preempt.DriverPreemption(None, wait_s=30, find_hub=lambda: None)
+    driver.install()
+    driver.install()  # again, as once the script's fit() started Ray
+    started = time.monotonic()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGTERM)
+            while time.monotonic() - started < 10:
+                time.sleep(0.05)
+    finally:
+        driver.uninstall()
+    assert time.monotonic() - started < 5 and driver.fired and driver.step is None
+    assert signal.getsignal(signal.SIGTERM) == before
+    assert "before a preemption checkpoint was registered" in driver.message()
+
+
 def test_a_lost_emitter_on_a_draining_head_still_exits_preempted(monkeypatch):
     """The emitter actor is pinned to the driver's node; when that node is the one going away
     its run_failed may never land (lost, or unschedulable), and that must not turn the
