@@ -10,9 +10,8 @@ from __future__ import annotations
 import logging
 import math
 import os
-import threading
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 from submitter.contract import events as ev
 from submitter.contract import naming
@@ -20,9 +19,8 @@ from submitter.contract.shutdown import ExitChain, exit_chain
 from submitter.contract.spec import JobSpec
 from submitter.contract.stack import require_training_stack as _require
 from training.config import TrainConfig
+from training.event_poller import EventPoller, Notice, OnEvent
 
-Notice = Callable[[str], None]
-OnEvent = Callable[[dict[str, Any]], None]
 #: Logical CPUs Ray Data gets on a local Ray beside the training workers: without them, 2
 #: workers on a 2-CPU machine take every CPU and Ray Data's read tasks wait forever.
 DATA_CPUS = 2
@@ -213,7 +211,7 @@ def _run_claimed(cfg: TrainConfig, claim: Claim, on_event: OnEvent, notice: Noti
     import ray
 
     hub = _start_hub(cfg)
-    poller = _Poller(hub, on_event, poll_seconds, notice)
+    poller = EventPoller(hub, on_event, poll_seconds, notice)
     # every wait on the way out, from the job's grace period (submitter.contract.shutdown)
     chain = exit_chain(cfg.termination_grace_period)
     preemption = DriverPreemption(hub, chain.driver_wait_s)
@@ -426,53 +424,3 @@ def _one_line(e: BaseException) -> str:
     text = f"{type(e).__name__}: {e}".strip()
     lines = [line for line in text.splitlines() if line.strip()]
     return (lines[0] if lines else type(e).__name__)[:500]
-
-
-class _Poller:
-    """Feeds this session's events to `on_event` as they arrive (and drains at the end), and
-    prints each sink's problem (a ConfigMap it cannot write, and why) once via `notice`."""
-
-    def __init__(self, hub: Any, on_event: OnEvent, every: float,
-                 notice: Notice = print) -> None:
-        self.hub, self.on_event, self.every, self.notice = hub, on_event, every, notice
-        self.seen = 0
-        self.told: set[str] = set()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="events", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def _drain(self, timeout: Optional[float] = None) -> None:
-        import ray
-
-        for event in ray.get(self.hub.since.remote(self.seen), timeout=timeout):
-            self.seen = max(self.seen, event["seq"])
-            self.on_event(event)
-        self.tell_problems(timeout)
-
-    def tell_problems(self, timeout: Optional[float] = None) -> None:
-        import ray
-
-        for line in ray.get(self.hub.problems.remote(), timeout=timeout):
-            if line not in self.told:
-                self.told.add(line)
-                self.notice(line)
-
-    def _loop(self) -> None:
-        while not self._stop.wait(self.every):
-            try:
-                self._drain()
-            except Exception:  # noqa: BLE001 - display only
-                pass
-
-    def stop(self, timeout: Optional[float] = None) -> None:
-        """Stop polling and show what is left; `timeout`: on the way out of a preemption the
-        actor may be busy closing the trackers, and the exit does not wait for it."""
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout=5 if timeout is None else timeout)
-        try:
-            self._drain(timeout)
-        except Exception:  # noqa: BLE001
-            pass

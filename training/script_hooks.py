@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import math
 import os
-import time
 import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional
 
 from submitter.contract.errors import StoragePolicyError, UsageError
 from training.emitter import Emitter, run_sinks
+from training.event_poller import EventPoller
 from training.script import HUB_NAME
 
 #: Metric names taken as the GPT-2 events' fields when a script reports them.
@@ -151,41 +151,33 @@ def start_hub(trainer: Any, s: Settings) -> Any:
         hub = ray.remote(ScriptHub).options(name=HUB_NAME, num_cpus=0, scheduling_strategy=here,
                                             max_concurrency=1, lifetime=None).remote(s.run_dir, env)
     ray.get(hub.started.remote(s.name, _num_workers(trainer), s.storage_root, s.entry))
-    if _pump.thread is None:
-        import threading
-
-        _pump.thread = threading.Thread(target=_pump, args=(hub,), daemon=True,
-                                        name="submitter-events")
-        _pump.thread.start()
+    if not _poller:
+        _poller_of(hub).start()
     return hub
 
 
-def _pump(hub: Any, every: float = 0.5) -> None:
-    """The driver's output shows the hub's events as they come (what `submit --local` and
-    `submitter logs` read), as the GPT-2 driver does."""
-    while True:
-        try:
-            drain(hub)
-        except Exception:  # noqa: BLE001 - Ray is shutting down: the epilogue drains
-            return
-        time.sleep(every)
+#: The driver's output shows the hub's events as they come (what `submit --local` and
+#: `submitter logs` read) and its sinks' problems once, as the GPT-2 driver does.
+_poller: list[EventPoller] = []
 
 
-_pump.thread = None  # type: ignore[attr-defined]
-_printed = [0]
-_print_lock = __import__("threading").Lock()
+def _print_event(event: dict[str, Any]) -> None:
+    from submitter.contract import events as ev
+
+    print(ev.to_stdout_line(event), flush=True)
+
+
+def _poller_of(hub: Any) -> EventPoller:
+    if not _poller:
+        _poller.append(EventPoller(hub, _print_event, every=0.5,
+                                   notice=lambda line: print(line, flush=True)))
+    return _poller[0]
 
 
 def drain(hub: Any) -> None:
-    """Print the hub's events not printed yet (stdout lines with the events' prefix)."""
-    import ray
-
-    from submitter.contract import events as ev
-
-    with _print_lock:
-        for event in ray.get(hub.since.remote(_printed[0]), timeout=30):
-            print(ev.to_stdout_line(event), flush=True)
-            _printed[0] = max(_printed[0], int(event["seq"]))
+    """Print the hub's events not printed yet (stdout lines with the events' prefix), and a
+    sink's problem not said yet."""
+    _poller_of(hub).drain(timeout=30)
 
 
 def _number(value: Any) -> Optional[float]:
@@ -314,7 +306,7 @@ class ScriptEvents(_ray_user_callback()):  # type: ignore[misc]
 def started() -> bool:
     """Whether a fit() of this process started the hub (before it, SIGTERM just ends the
     script)."""
-    return _pump.thread is not None
+    return bool(_poller)
 
 
 def hub_or_none() -> Any:

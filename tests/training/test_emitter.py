@@ -177,20 +177,39 @@ def test_the_driver_tells_a_sink_problem_once_in_the_job_log(monkeypatch):
     """The emitter actor's ConfigMap sink cannot write: the driver's poller prints its one line
     (the job's log is the driver's stdout), however many events and polls follow."""
     ray = pytest.importorskip("ray")
-    from training.driver import _Poller
+    from training.event_poller import EventPoller
 
     monkeypatch.setattr(ray, "get", lambda ref, **kw: ref)
     em = Emitter([ConfigMapSink("cm", "ns", api=FakeCoreV1(fail=True))])
     hub = type("Hub", (), {})()
     hub.since, hub.problems = _Remote(em.since), _Remote(em.problems)
     told, shown = [], []
-    poller = _Poller(hub, shown.append, 60.0, told.append)
+    poller = EventPoller(hub, shown.append, 60.0, told.append)
     for step in range(1, 4):
         em.emit("progress", epoch=1, step=step, loss=1.0, tokens_per_sec=1.0, lr=1e-3)
-        poller._drain()
+        poller.drain()
     poller.tell_problems()
     assert len(shown) == 3
     assert len(told) == 1 and told[0].startswith("progress unavailable: configmap/cm")
+
+
+def test_a_script_run_prints_each_event_and_a_sink_problem_once(monkeypatch, capsys):
+    """The --script driver's output is its job log too: the same poller as the GPT-2 driver's."""
+    ray = pytest.importorskip("ray")
+    from training import script_hooks
+
+    monkeypatch.setattr(ray, "get", lambda ref, **kw: ref)
+    monkeypatch.setattr(script_hooks, "_poller", [])
+    em = Emitter([ConfigMapSink("cm", "ns", api=FakeCoreV1(fail=True))])
+    hub = type("Hub", (), {})()
+    hub.since, hub.problems = _Remote(em.since), _Remote(em.problems)
+    for step in range(1, 3):
+        em.emit("progress", epoch=1, step=step, loss=1.0, tokens_per_sec=1.0, lr=1e-3)
+        script_hooks.drain(hub)
+    script_hooks.drain(hub)
+    lines = capsys.readouterr().out.splitlines()
+    assert len([line for line in lines if line.startswith(ev.STDOUT_PREFIX)]) == 2
+    assert len([line for line in lines if "progress unavailable: configmap/cm" in line]) == 1
 
 
 def test_the_emitter_actor_is_pinned_to_the_drivers_node_not_preferred(monkeypatch):

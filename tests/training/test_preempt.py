@@ -297,7 +297,8 @@ def test_exit_143_is_never_held_up_by_a_tracker(monkeypatch):
     import ray
 
     from submitter.contract.shutdown import exit_chain
-    from training.driver import _Poller, _preempted
+    from training.driver import _preempted
+    from training.event_poller import EventPoller
 
     timeouts = []
 
@@ -314,7 +315,7 @@ def test_exit_143_is_never_held_up_by_a_tracker(monkeypatch):
         chain = exit_chain(grace)
         timeouts.clear()
         preemption = preempt.DriverPreemption(Hub(), wait_s=chain.driver_wait_s)
-        poller = _Poller(Hub(), on_event=lambda e: None, every=0.5)
+        poller = EventPoller(Hub(), on_event=lambda e: None, every=0.5)
         with pytest.raises(preempt.Preempted):
             _preempted(Hub(), preemption, poller, chain)
         assert timeouts and None not in timeouts
