@@ -16,7 +16,7 @@ from typing import Optional
 from submitter.contract import code, naming
 from submitter.contract.errors import UsageError
 from submitter.contract.spec import JobSpec
-from submitter.contract.storage import OBJECT_STORE_SCHEMES, scheme_of
+from submitter.contract.storage import OBJECT_STORE_SCHEMES, namespace_root, scheme_of
 
 #: The constant entrypoint of a --script job (the GPT-2 job's is `python -m training`).
 SCRIPT_ENTRYPOINT = "python -m training.run_script"
@@ -75,7 +75,7 @@ def _code_plan(document: str) -> CodePlan:
     storage = spec.resolved_storage_path
     if scheme_of(storage) not in OBJECT_STORE_SCHEMES:
         raise code.CodeError(code.too_big(working_dir(spec), bundle.size, code.CONFIGMAP_LIMIT))
-    run_dir = f"{storage.rstrip('/')}/{spec.namespace}/{spec.name}"
+    run_dir = f"{namespace_root(storage, spec.namespace)}/{spec.name}"  # the pod's run dir
     return CodePlan(bundle, None, code.bundle_uri(run_dir, bundle.sha256), pip)
 
 

@@ -165,18 +165,14 @@ def code_context(spec: JobSpec) -> dict[str, Any]:
     entrypoint otherwise. The cluster side knows nothing else of which program runs."""
     if spec.script is None:  # the GPT-2 job: render's start-up pays for no zip or hashing
         return {"entrypoint": ENTRYPOINT, "configmap": None, "env": []}
-    import base64
+    from submitter.code_plan import SCRIPT_ENTRYPOINT
+    from submitter.contract.code import ENV_CODE
+    from submitter.helm_code import code_values
 
-    from submitter.code_plan import SCRIPT_ENTRYPOINT, code_plan
-
-    plan = code_plan(spec)
-    assert plan is not None
-
-    from submitter.contract.code import BUNDLE_KEY, ENV_CODE
-
-    return {"entrypoint": SCRIPT_ENTRYPOINT, "configmap": plan.configmap, "key": BUNDLE_KEY,
-            "data": base64.b64encode(plan.bundle.data).decode("ascii") if plan.configmap else "",
-            "env": [{"name": ENV_CODE, "value": plan.env_value}]}
+    code = code_values(spec)  # the chart's `code` values: the same ConfigMap and reference
+    assert code is not None
+    return {"entrypoint": SCRIPT_ENTRYPOINT, **code,
+            "env": [{"name": ENV_CODE, "value": code["ref"]}]}
 
 
 def render(spec: JobSpec) -> Plan:

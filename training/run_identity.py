@@ -27,7 +27,7 @@ from typing import Any, Callable, Mapping, Optional
 
 from submitter.contract import naming
 from submitter.contract.errors import UsageError
-from submitter.contract.storage import local_path, scheme_of
+from submitter.contract.storage import local_path, namespace_root, scheme_of
 
 RUN_FILE = "run.json"
 LOCK_FILE = "run.lock"
@@ -62,8 +62,7 @@ def run_storage_path(storage_path: str, namespace: str, environ: Mapping[str, st
     the pod really runs in, `SUBMITTER_NAMESPACE`, over the document's), `<storage>` locally."""
     if not in_cluster(environ):
         return storage_path
-    ns = environ.get(naming.ENV_NAMESPACE) or namespace
-    return storage_path.rstrip("/") + "/" + ns
+    return namespace_root(storage_path, environ.get(naming.ENV_NAMESPACE) or namespace)
 
 
 def join(base: str, *parts: str) -> str:

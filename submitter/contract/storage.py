@@ -61,6 +61,13 @@ def local_path(path: str) -> str:
     return urlsplit(path).path if scheme_of(path) == "file" else path
 
 
+def namespace_root(storage_path: str, namespace: str) -> str:
+    """`<storage>/<namespace>`: where a cluster's runs of one namespace live (Ray Train's
+    storage_path in the pod; a run is `<storage>/<namespace>/<name>`: same name, other
+    namespace, other run)."""
+    return storage_path.rstrip("/") + "/" + namespace
+
+
 def check_mount(mount: str) -> str:
     """Validate the PVC mount point; return it normalized."""
     if not mount.startswith("/"):
