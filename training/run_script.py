@@ -258,6 +258,30 @@ def run_user_script(script_file: str, code_dir: str, args: list[str]) -> Optiona
     return None
 
 
+def ended_by_preemption(outcome: Optional[BaseException]) -> bool:
+    """The script ended because its workers were preempted: a worker's `should_stop()`
+    checkpointed and raised training.script.Preempted (Ray Train keeps each worker's own
+    exception in WorkerGroupError.worker_failures; a script may re-raise or chain it), or Ray
+    Train gave up on its preemption retries (ray.train.PreemptionError, where Ray has it)."""
+    from training.script import Preempted
+
+    try:
+        from ray.train import PreemptionError  # type: ignore[attr-defined]
+    except ImportError:
+        PreemptionError = Preempted
+    seen: set[int] = set()
+    todo: list[Any] = [outcome]
+    while todo:
+        e = todo.pop()
+        if not isinstance(e, BaseException) or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, (Preempted, PreemptionError)):
+            return True
+        todo += [e.__cause__, e.__context__, *(getattr(e, "worker_failures", None) or {}).values()]
+    return False
+
+
 def finish(outcome: Optional[BaseException], s: Any, environ: Mapping[str, str], notice: Any,
            ev: Any) -> int:
     """The run's last event and the exit code."""
@@ -284,9 +308,7 @@ def finish(outcome: Optional[BaseException], s: Any, environ: Mapping[str, str],
             call = hub.finished.remote() if etype == "run_finished" else hub.emit.remote(etype, **f)
             ray.get(call, timeout=60)
             script_hooks.drain(hub)
-    preempted = _SIGTERM.fired or "Preempted" in repr(outcome) or (
-        outcome is not None and "training.script.Preempted" in "".join(
-            traceback.format_exception(outcome)))
+    preempted = _SIGTERM.fired or ended_by_preemption(outcome)
     try:
         if outcome is None:
             emit("run_finished")

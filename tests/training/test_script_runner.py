@@ -174,3 +174,25 @@ def test_a_second_driver_of_the_same_run_is_refused_and_a_refusal_frees_the_lock
     assert main([], environ=bad) == 2  # refused after the lock was taken
     assert "does not match its hash" in capsys.readouterr().err
     assert not (run_dir / LOCK_FILE).exists()
+
+
+def test_a_preemption_is_known_by_the_workers_exception_not_by_its_text():
+    """Ray Train hands fit()'s caller each worker's own exception (WorkerGroupError's
+    worker_failures, checked with a real Ray run: the Preempted object itself)."""
+    from ray.train import WorkerGroupError
+
+    from training.run_script import ended_by_preemption
+    from training.script import Preempted
+
+    assert ended_by_preemption(WorkerGroupError("x", {0: RuntimeError("a"),
+                                                      1: Preempted("checkpointed")}))
+    try:
+        try:
+            raise Preempted("checkpointed")
+        except Preempted as inner:
+            raise SystemExit(3) from inner
+    except SystemExit as chained:
+        assert ended_by_preemption(chained)
+    assert not ended_by_preemption(RuntimeError("NotPreempted: a user's own error"))
+    assert not ended_by_preemption(WorkerGroupError("Preempted", {0: ValueError("Preempted")}))
+    assert not ended_by_preemption(None)
