@@ -30,6 +30,11 @@ class RunFiles:
     where: str  # the run directory as the user would write it (a path or a URI)
     fs: Any = None  # pyarrow filesystem for an object store; None for a local directory
     path: str = ""  # the run directory inside `fs` (or the local path)
+    logs: Optional[list[str]] = None  # `logs/` as find_run listed it (one LIST on a bucket)
+
+    def log_names(self) -> list[str]:
+        """The files under `logs/`: as listed when the run was found, else listed now."""
+        return self.logs if self.logs is not None else self.names(names.LOGS_DIR)
 
     def names(self, sub: str) -> list[str]:
         if self.fs is None:
@@ -76,7 +81,8 @@ def find_run(storage_path: str, name: str, namespace: Optional[str]) -> RunFiles
                 for c in candidates]
     try:
         for run in runs:
-            if run.names(names.LOGS_DIR) or run.read(naming.EVENTS_FILE) is not None:
+            run.logs = run.names(names.LOGS_DIR)
+            if run.logs or run.read(naming.EVENTS_FILE) is not None:
                 return run
     except OSError as e:  # access denied, no such bucket, endpoint unreachable
         raise UsageError(f"cannot read {storage_path}: {first_line(e)}") from None
@@ -87,7 +93,7 @@ def find_run(storage_path: str, name: str, namespace: Optional[str]) -> RunFiles
 
 def summary(run: RunFiles) -> str:
     """The one line that says what is shown."""
-    listed = run.names(names.LOGS_DIR)
+    listed = run.log_names()
     sessions, workers = names.driver_sessions(listed), names.worker_err_logs(listed)
     return (f"the run's stored logs at {run.where}/{names.LOGS_DIR}/: {len(sessions)} driver "
             f"session(s), {len(workers)} worker error log(s)")
@@ -95,7 +101,7 @@ def summary(run: RunFiles) -> str:
 
 def show(run: RunFiles, out: TextIO) -> dict[str, int]:
     """Print every stored log; returns how much of each file was printed (for `follow`)."""
-    listed = run.names(names.LOGS_DIR)
+    listed = run.log_names()
     printed: dict[str, int] = {}
     for session in names.driver_sessions(listed):
         for part in session:

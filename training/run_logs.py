@@ -36,7 +36,7 @@ class LogStore:
         self.uri = join(run_dir, names.LOGS_DIR)
         self.local = is_local(self.uri)
         if self.local:
-            self.path = self.uri.removeprefix("file://")
+            self.path = self.uri  # join() gave a plain path
         else:
             from training.object_store import split_uri
 

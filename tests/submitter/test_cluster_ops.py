@@ -179,6 +179,23 @@ def test_logs_follow_the_stored_log_until_the_run_ends(tmp_path):
     assert out.getvalue().endswith("step 90\nrun finished for good\n") and len(polls) == 3
 
 
+def test_stored_logs_are_listed_once_to_find_count_and_show_them(tmp_path, monkeypatch):
+    """On a bucket every listing is a LIST request: finding the run, the summary line and
+    printing the logs share one."""
+    from submitter import stored_logs
+
+    stored_run(tmp_path, ended=True)
+    listed: list[str] = []
+    names = stored_logs.RunFiles.names
+    monkeypatch.setattr(stored_logs.RunFiles, "names",
+                        lambda self, sub: listed.append(sub) or names(self, sub))
+    run = stored_logs.find_run(str(tmp_path), "gpt2-demo", "default")
+    line = stored_logs.summary(run)
+    out = io.StringIO()
+    stored_logs.show(run, out)
+    assert listed == ["logs"] and "driver session(s)" in line and out.getvalue()
+
+
 def test_delete_removes_job_objects_and_keeps_the_pvc(api, kubeconfig, runner):
     submitted(runner, kubeconfig, api)
     result = cli(runner, kubeconfig, "delete", "gpt2-demo")
