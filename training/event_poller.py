@@ -6,10 +6,14 @@ and a --script run's (training.script_hooks)."""
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any, Callable, Optional
 
 OnEvent = Callable[[dict[str, Any]], None]
 Notice = Callable[[str], None]
+
+#: The polling thread's wait for one drain (the emitter actor answers in milliseconds).
+POLL_TIMEOUT_S = 30.0
 
 
 class EventPoller:
@@ -29,14 +33,24 @@ class EventPoller:
         self._thread.start()
 
     def drain(self, timeout: Optional[float] = None) -> None:
-        """Every event not fed yet, then the sinks' new problems."""
+        """Every event not fed yet, then the sinks' new problems; all of it within `timeout`
+        (None: as long as it takes), waiting for the polling thread's drain included."""
         import ray
 
-        with self._lock:
-            for event in ray.get(self.hub.since.remote(self.seen), timeout=timeout):
+        deadline = None if timeout is None else time.monotonic() + timeout
+
+        def left() -> Optional[float]:
+            return None if deadline is None else max(deadline - time.monotonic(), 0.0)
+
+        if not self._lock.acquire(timeout=-1 if deadline is None else left()):
+            return  # the thread is still at it (a busy actor): the exit does not wait longer
+        try:
+            for event in ray.get(self.hub.since.remote(self.seen), timeout=left()):
                 self.seen = max(self.seen, event["seq"])
                 self.on_event(event)
-        self.tell_problems(timeout)
+        finally:
+            self._lock.release()
+        self.tell_problems(left())
 
     def tell_problems(self, timeout: Optional[float] = None) -> None:
         import ray
@@ -49,7 +63,7 @@ class EventPoller:
     def _loop(self) -> None:
         while not self._stop.wait(self.every):
             try:
-                self.drain()
+                self.drain(POLL_TIMEOUT_S)  # a hung actor never holds the lock for good
             except Exception:  # noqa: BLE001 - display only
                 pass
 

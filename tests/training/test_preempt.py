@@ -323,6 +323,40 @@ def test_exit_143_is_never_held_up_by_a_tracker(monkeypatch):
         assert max(timeouts) <= max(chain.tracker_close_s, 0.001)
 
 
+def test_a_poll_stuck_on_a_busy_actor_never_holds_the_way_out(monkeypatch):
+    """The polling thread waits on the actor (closing a tracker) while the driver stops it on
+    its way to exit 143: the stop's own timeout bounds it, the thread's drain never does."""
+    import threading
+    import time
+
+    import ray
+
+    from training.event_poller import EventPoller
+
+    inside, waits = threading.Event(), []
+
+    def busy_actor(ref, timeout=None):
+        waits.append(timeout)
+        inside.set()
+        time.sleep(min(timeout, 1.0) if timeout is not None else 3600)
+        raise ray.exceptions.GetTimeoutError("busy")
+
+    class Hub:
+        def __getattr__(self, name):
+            return _Remote(lambda *a, **k: name)
+
+    monkeypatch.setattr(ray, "get", busy_actor)
+    poller = EventPoller(Hub(), on_event=lambda e: None, every=0.01)
+    poller.start()
+    assert inside.wait(5)
+    stopper = threading.Thread(target=poller.stop, kwargs={"timeout": 0.2}, daemon=True)
+    started = time.monotonic()
+    stopper.start()
+    stopper.join(10)
+    assert not stopper.is_alive() and time.monotonic() - started < 3
+    assert None not in waits  # the thread's own waits are bounded too
+
+
 # --- one upload in flight -------------------------------------------------------------------------
 
 def test_the_next_save_waits_for_the_upload_in_flight_never_queues_a_second_copy():
