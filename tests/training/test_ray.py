@@ -232,7 +232,10 @@ def test_a_killed_worker_restarts_the_group_from_the_last_checkpoint(storage, fr
     # ...and the resumed group starts again right after the checkpoint, then finishes
     after = [e for e in events[i:] if e["type"] == "progress"]
     assert after[0]["step"] == steps + 1
-    assert [e["epoch"] for e in events if e["type"] == "epoch_finished"] == [1, 2, 3]
+    # under load the kill can land after epoch 2's end was reported but before its checkpoint
+    # was registered: the retry then redoes epoch 2 from step 40 (the restart's step above)
+    assert [e["epoch"] for e in events[:i] if e["type"] == "epoch_finished"] in ([1], [1, 2])
+    assert [e["epoch"] for e in events[i:] if e["type"] == "epoch_finished"] == [2, 3]
     assert events[-1]["type"] == "run_finished" and events[-1]["step"] == 3 * steps
     assert outcome.state.restarts == 1 and outcome.state.status == "finished"
     assert killed[0] not in _pids_with_title("ray::RayTrainWorker")
