@@ -3,7 +3,8 @@
 It knows nothing of submitter (no storage_path, no run name): the runner gives those. It
 resumes with the pattern of docs/own-script.md, reports `loss` and its own `mse`, and
 checkpoints on SIGTERM with training.script.should_stop(). Test knobs (arguments):
---epochs N, --workers N, --crash-once FILE (rank 1 dies once at epoch 2: a worker failure),
+--epochs N, --workers N, --crash-once FILE (rank 1 dies once at epoch 2: a worker failure;
+with --crash-after-saved EVENTS, only once that events file says a checkpoint was registered),
 --storage-path P (the script sets its own, which the runner checks), --sleep S per epoch,
 --checkpoint-every N epochs (and whenever should_stop() says so).
 """
@@ -19,6 +20,16 @@ from ray.train import Checkpoint, FailureConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchTrainer
 
 from training.script import Preempted, should_stop
+
+
+def _wait_for_a_registered_checkpoint(events_file, timeout=120.0):
+    """A test's crash comes after Ray Train registered a checkpoint (under load its controller
+    may not have seen the reports yet when rank 1 reaches epoch 2)."""
+    deadline = time.monotonic() + timeout
+    while events_file and time.monotonic() < deadline:
+        if os.path.exists(events_file) and '"checkpoint_saved"' in open(events_file).read():
+            return
+        time.sleep(0.1)
 
 
 def train_func(config):
@@ -38,6 +49,7 @@ def train_func(config):
     rank = ray.train.get_context().get_world_rank()
     for epoch in range(start, config["epochs"]):
         if config["crash_once"] and epoch == 2 and rank == 1 and not os.path.exists(config["crash_once"]):
+            _wait_for_a_registered_checkpoint(config["crash_after_saved"])
             open(config["crash_once"], "w").close()
             os._exit(1)                                   # a worker dies mid-run
         loss = torch.nn.functional.mse_loss(model(x), y)
@@ -63,6 +75,7 @@ if __name__ == "__main__":
     p.add_argument("--epochs", type=int, default=4)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--crash-once", default="")
+    p.add_argument("--crash-after-saved", default="")
     p.add_argument("--storage-path", default=None)
     p.add_argument("--sleep", type=float, default=0.0)
     p.add_argument("--checkpoint-every", type=int, default=1)
@@ -71,6 +84,7 @@ if __name__ == "__main__":
                            failure_config=FailureConfig(max_failures=2))
     trainer = TorchTrainer(train_func,
                            train_loop_config={"epochs": a.epochs, "crash_once": a.crash_once,
+                                              "crash_after_saved": a.crash_after_saved,
                                               "sleep": a.sleep,
                                               "checkpoint_every": a.checkpoint_every},
                            scaling_config=ScalingConfig(num_workers=a.workers,
