@@ -38,6 +38,7 @@ import time
 import uuid
 from typing import Any, Callable, Iterable, Mapping, Optional
 
+from submitter.contract import events as ev
 from submitter.contract.errors import UsageError
 from submitter.contract.tracking import tracker_env_problem
 from submitter.contract.flops import mfu, peak_for, preset_flops_per_token
@@ -148,18 +149,13 @@ def history_points(history: Iterable[Mapping[str, Any]]) -> list[tuple[int, dict
     """Every metric point of the run's earlier events, in order (duplicates of redone steps
     included: a backend keeps the first)."""
     facts: dict[str, Any] = {}
-    world: Optional[int] = None
+    state = ev.ProgressState()
     out: list[tuple[int, dict[str, float]]] = []
     for e in history:
-        etype = e.get("type")
-        if etype == "run_started":
+        if e.get("type") == "run_started":
             facts = dict(e)
-        elif etype in ("run_resumed", "worker_group_restarted", "progress") \
-                and e.get("world_size"):  # a start's first progress: also a fresh run's first
-            world = e.get("world_size")
-        elif etype == "worker_group_resized":
-            world = e.get("to")
-        out.extend(points_of(e, facts, world))
+        state = ev.apply(state, e)  # the group's size as the live sink sees it (the emitter's fold)
+        out.extend(points_of(e, facts, state.world_size))
     return out
 
 
