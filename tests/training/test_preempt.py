@@ -124,6 +124,13 @@ class _Remote:
         self.remote = fn
 
 
+class AnyHub:
+    """Every method of the emitter actor, answering its own name (`ray.get` is faked)."""
+
+    def __getattr__(self, name):
+        return _Remote(lambda *a, **k: name)
+
+
 class FakeHub:
     """The emitter actor's surface the driver uses (`ray.get` is the identity here)."""
 
@@ -306,18 +313,14 @@ def test_exit_143_is_never_held_up_by_a_tracker(monkeypatch):
         timeouts.append(timeout)
         raise ray.exceptions.GetTimeoutError("the emitter is closing a tracker")
 
-    class Hub:
-        def __getattr__(self, name):
-            return _Remote(lambda *a, **k: name)
-
     monkeypatch.setattr(ray, "get", busy_actor)
     for grace in (11, 30, 120, 3600):
         chain = exit_chain(grace)
         timeouts.clear()
-        preemption = preempt.DriverPreemption(Hub(), wait_s=chain.driver_wait_s)
-        poller = EventPoller(Hub(), on_event=lambda e: None, every=0.5)
+        preemption = preempt.DriverPreemption(AnyHub(), wait_s=chain.driver_wait_s)
+        poller = EventPoller(AnyHub(), on_event=lambda e: None, every=0.5)
         with pytest.raises(preempt.Preempted):
-            _preempted(Hub(), preemption, poller, chain)
+            _preempted(AnyHub(), preemption, poller, chain)
         assert timeouts and None not in timeouts
         assert sum(timeouts) <= chain.driver_exit_s, (grace, timeouts)
         assert max(timeouts) <= max(chain.tracker_close_s, 0.001)
@@ -341,12 +344,8 @@ def test_a_poll_stuck_on_a_busy_actor_never_holds_the_way_out(monkeypatch):
         time.sleep(min(timeout, 1.0) if timeout is not None else 3600)
         raise ray.exceptions.GetTimeoutError("busy")
 
-    class Hub:
-        def __getattr__(self, name):
-            return _Remote(lambda *a, **k: name)
-
     monkeypatch.setattr(ray, "get", busy_actor)
-    poller = EventPoller(Hub(), on_event=lambda e: None, every=0.01)
+    poller = EventPoller(AnyHub(), on_event=lambda e: None, every=0.01)
     poller.start()
     assert inside.wait(5)
     stopper = threading.Thread(target=poller.stop, kwargs={"timeout": 0.2}, daemon=True)
