@@ -1,6 +1,6 @@
 """What a checkpoint costs the training loop: the stall per checkpoint, sync vs async (not a test).
 
-The loop (training/loop.py `save`) gathers the full state into host memory (`get_state_dict`,
+The loop (training/gpt2/loop.py `save`) gathers the full state into host memory (`get_state_dict`,
 full_state_dict + cpu_offload; on CPU the tensors are cloned, `checkpoint_io.snapshot`), then
 `state.pt` is written to a local directory (`save_state`) and uploaded to the run's storage.
 Before issue #18 all of it ran in the training thread (SYNC); now the write and the upload run
@@ -49,8 +49,8 @@ def main() -> int:
     import torch
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 
-    from training.checkpoint_io import save_state, snapshot
-    from training.model import build_model, build_optimizer, gpt2_config
+    from training.run.checkpoint_io import save_state, snapshot
+    from training.gpt2.model import build_model, build_optimizer, gpt2_config
 
     torch.manual_seed(0)
     vocab = 50257 if args.model == "gpt2-small" else 257

@@ -3,7 +3,7 @@
 1. The loss, counted op by op on meta tensors (no memory used, no time measured) for
    gpt2-small's logits (50,304, bf16), forward and backward:
    - the largest logits tensor of the plain loss (Hugging Face's: all logits, upcast to fp32)
-     and of `training.loss.lm_loss` for a micro-batch of 8 x 256;
+     and of `training.gpt2.loss.lm_loss` for a micro-batch of 8 x 256;
    - bytes moved (every op's inputs and outputs, views aside: eager, unfused, an upper bound of
      what a GPU reads and writes) and matmul FLOPs by dtype, for a 64 x 256 micro-batch (16 k
      tokens, issue 24's): before (main 5fcdc7d: 16 chunks, fp32 copies of `g`, an fp32
@@ -29,8 +29,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 START = r"""
 import json, statistics, sys, time
 import torch
-from training.compiling import CompileCache, compile_model, compile_seconds, counters
-from training.model import build_model, build_optimizer, gpt2_config
+from training.gpt2.compiling import CompileCache, compile_model, compile_seconds, counters
+from training.gpt2.model import build_model, build_optimizer, gpt2_config
 
 run_dir, steps = sys.argv[1], int(sys.argv[2])
 models = {}
@@ -68,7 +68,7 @@ def largest_logits() -> tuple[int, int]:
     import torch.nn.functional as F
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    from training.loss import lm_loss
+    from training.gpt2.loss import lm_loss
 
     vocab = 50304
 
@@ -129,7 +129,7 @@ def loss_traffic(rows: int = 64 * 256, vocab: int = 50304, d: int = 768) -> dict
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    from training.loss import DEFAULT_LOSS_BUDGET, bytes_per_logit, lm_loss, loss_chunk_rows
+    from training.gpt2.loss import DEFAULT_LOSS_BUDGET, bytes_per_logit, lm_loss, loss_chunk_rows
 
     class Traffic(TorchDispatchMode):
         def __init__(self) -> None:

@@ -5,7 +5,7 @@ What one GPU eats: gpt2-small at 40% MFU on an H100 (989 TFLOP/s bf16 dense) tra
 here on WikiText-2 with GPT-2's BPE (tiktoken, from ../shared/data/gpt2.tiktoken):
 
   (a) in one thread, no Ray: read the lines, tokenize and cut into blocks
-      (training.data.chunk_batch, the function Ray Data runs), batch, copy to the device
+      (training.data.pipeline.chunk_batch, the function Ray Data runs), batch, copy to the device
       (pinned memory and non_blocking on CUDA), with a prefetching thread as the loop has;
       tokens per CPU-second of this process;
   (b) the same through Ray Data on a Ray with ONE CPU (`ray.init(num_cpus=1)`): read_text,
@@ -72,7 +72,7 @@ def in_process(lines: list[str], tokenizer, device) -> tuple[int, float, float]:
     """(tokens, CPU seconds, wall seconds) of read -> tokenize -> batch -> device, one core."""
     import numpy as np
 
-    from training.data import ROWS_PER_BATCH, chunk_batch
+    from training.data.pipeline import ROWS_PER_BATCH, chunk_batch
 
     def micro_batches():
         pending = np.empty((0, BLOCK), dtype=np.int64)
@@ -94,7 +94,7 @@ def through_ray(path: str, tokenizer, device) -> tuple[int, float]:
     """(tokens, wall seconds) through Ray Data on one CPU, after a warm-up batch."""
     import ray
 
-    from training.data import token_datasets, Corpus
+    from training.data.pipeline import token_datasets, Corpus
 
     ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
     try:
@@ -121,7 +121,7 @@ def main() -> int:
     import torch
 
     from submitter.contract.spec import DATA_CPUS_PER_GPU
-    from training.tokens import TokenizerSpec
+    from training.data.tokens import TokenizerSpec
 
     bpe = DATA / "gpt2.tiktoken"
     if not bpe.exists():

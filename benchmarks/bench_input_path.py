@@ -1,4 +1,4 @@
-"""The input path's figures (training/input_path.py), printed as ratios measured in one run.
+"""The input path's figures (training/gpt2/input_path.py), printed as ratios measured in one run.
 
 1. CPU, an injected slow source: steps of `--accum` micro-batches whose source sleeps `--slow-ms`
    on every other step's first fetch, with a fixed compute per micro-batch; the per-step
@@ -28,7 +28,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from training.input_path import InputPath, WaitShare  # noqa: E402
+from training.gpt2.input_path import InputPath, WaitShare  # noqa: E402
 
 
 def cpu_wait_accounting(steps: int, accum: int, slow_ms: float, compute_ms: float,
@@ -90,7 +90,7 @@ def cuda_step_times(steps: int, accum: int, micro: int) -> dict:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from training.model import build_model, gpt2_config
+    from training.gpt2.model import build_model, gpt2_config
 
     device = torch.device("cuda")
     model = build_model(gpt2_config("gpt2-small", 50257, 50256, 256)).to(device)

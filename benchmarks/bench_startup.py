@@ -105,8 +105,8 @@ PLAIN = r"""
 import sys, time
 t0 = float(sys.argv[2])
 import torch
-from training.model import build_model, build_optimizer, gpt2_config
-from training.tokens import byte_encoding, tokenize_and_chunk
+from training.gpt2.model import build_model, build_optimizer, gpt2_config
+from training.data.tokens import byte_encoding, tokenize_and_chunk
 torch.set_num_threads(1)
 enc = byte_encoding()
 lines = open(sys.argv[1], encoding="utf-8").read().splitlines()

@@ -32,8 +32,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 def emitter_process(run_dir: str, environ, events: "mp.Queue", out: "mp.Queue") -> None:
     """The driver's actor, stood in for by a process: events in, CPU time out."""
     os.environ.update(environ or {})
-    from training.emitter import Emitter, events_sink
-    from training.trackers import TrackerSink
+    from training.events.emitter import Emitter, events_sink
+    from training.events.trackers import TrackerSink
 
     os.makedirs(run_dir, exist_ok=True)
     sinks = [events_sink(run_dir)]
@@ -62,7 +62,7 @@ def emitter_process(run_dir: str, environ, events: "mp.Queue", out: "mp.Queue") 
 def train(steps: int, every: int, events: "mp.Queue", grad_norm: bool) -> dict:
     import torch
 
-    from training.model import BETAS, build_model, build_optimizer, gpt2_config
+    from training.gpt2.model import BETAS, build_model, build_optimizer, gpt2_config
 
     torch.manual_seed(0)
     vocab, block, batch = 257, 64, 8

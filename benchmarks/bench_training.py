@@ -58,8 +58,8 @@ def summary(rates: list[float]) -> dict:
 def _blocks(data_args: list[str]):
     import torch
 
-    from training.data import stdlib_files
-    from training.tokens import byte_encoding, tokenize_and_chunk
+    from training.data.pipeline import stdlib_files
+    from training.data.tokens import byte_encoding, tokenize_and_chunk
 
     enc = byte_encoding()
     if "--data" in data_args:
@@ -71,13 +71,13 @@ def _blocks(data_args: list[str]):
 
 def _plain_train(rank: int, world: int, steps: int, data_args: list[str], port: int,
                  results=None, wrap=None) -> tuple[list[float], float]:
-    """The training step of training/loop.py without Ray: tokens/s of each 10-step window
+    """The training step of training/gpt2/loop.py without Ray: tokens/s of each 10-step window
     (all ranks' tokens) and this process's CPU seconds per step after the warm-up. With
     world > 1: DDP over gloo, as Ray Train sets it up on CPU; with `wrap`, the process group
     exists already and `wrap` makes the DDP model (inside Ray Train: (e))."""
     import torch
 
-    from training.model import build_model, build_optimizer, build_scheduler, gpt2_config
+    from training.gpt2.model import build_model, build_optimizer, build_scheduler, gpt2_config
 
     torch.set_num_threads(1)
     enc, blocks = _blocks(data_args)

@@ -1,4 +1,4 @@
-"""Does the micro-batch a worker chooses (training.microbatch) fit its GPU? (needs CUDA)
+"""Does the micro-batch a worker chooses (training.gpt2.microbatch) fit its GPU? (needs CUDA)
 
 For each precision: the worker's choice from `torch.cuda.mem_get_info` for a one-GPU
 gpt2-small job (share 2,048 sequences), then two optimizer steps of one micro-batch each (eager,
@@ -23,8 +23,8 @@ def main() -> None:
     import torch
 
     from submitter.contract.spec import JobSpec
-    from training.microbatch import choose
-    from training.model import build_model, gpt2_config
+    from training.gpt2.microbatch import choose
+    from training.gpt2.model import build_model, gpt2_config
 
     device = torch.device("cuda", 0)
     torch.cuda.set_device(device)

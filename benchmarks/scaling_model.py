@@ -12,7 +12,7 @@ The model, stated so it can be argued with:
   `micro_batch_that_fits`, `gpu_memory_gib`). DDP all-reduces once per optimizer step (no_sync
   on all micro-batches but the last).
 - Communication. bf16 gradients (2 N bytes). DDP's buckets are sized in fp32 gradient bytes
-  (training.comm.BUCKET_CAP_MB; half that on the wire in bf16); each bucket is a ring
+  (training.gpt2.comm.BUCKET_CAP_MB; half that on the wire in bf16); each bucket is a ring
   all-reduce: 2 (n-1)/n x bucket bytes / bandwidth + 2 (n-1) x latency (the ring's 2 (n-1)
   steps; over TCP between pods a step costs tens of microseconds). Bandwidth is per GPU: 8
   one-GPU pods send every byte over the pod network.
@@ -20,7 +20,7 @@ The model, stated so it can be argued with:
   ready evenly through the last micro-batch's backward (2/3 of its time); buckets are reduced
   one after another as they are ready. The tied weight's gradient (V x d: 31% of gpt2-small's
   bytes) is complete only when the embedding's backward, the backward's last op, adds its part:
-  its all-reduce (training.comm launches it at once, on its own) starts at the end of the
+  its all-reduce (training.gpt2.comm launches it at once, on its own) starts at the end of the
   backward, after the buckets still in flight. What shows is the time from the end of the
   backward to the end of the last all-reduce (exposed_comm_s); `tied_tail_s` is the part of it
   the tied weight adds. Earlier micro-batches and the forward pass hide nothing.
@@ -48,7 +48,7 @@ if str(ROOT) not in sys.path:
 
 from submitter.contract import batch  # noqa: E402  (stdlib only)
 from submitter.contract.flops import flops_per_token, gpt2_parameters  # noqa: E402  (stdlib only)
-from training.comm import BUCKET_CAP_MB  # noqa: E402  (a constant; imports no torch)
+from training.gpt2.comm import BUCKET_CAP_MB  # noqa: E402  (a constant; imports no torch)
 
 GPUS = (1, 8, 64, 512)
 BANDWIDTHS_GBPS = (25.0, 100.0, 400.0)
@@ -61,10 +61,10 @@ ADAMW_BYTES_PER_PARAM = 28
 @dataclass(frozen=True)
 class Settings:
     """The job and the hardware; the defaults are the default GPU job on an H100 SXM."""
-    vocab: int = 50304                # GPT-2's 50,257 padded to a multiple of 64 (training/model.py)
+    vocab: int = 50304                # GPT-2's 50,257 padded to a multiple of 64 (training/gpt2/model.py)
     n_layer: int = 12
     n_embd: int = 768
-    block: int = 256                  # gpt2-small's preset block (training/model.py)
+    block: int = 256                  # gpt2-small's preset block (training/gpt2/model.py)
     global_batch_tokens: int = 2**19  # ~0.5 M tokens per optimizer step (GPT-2's)
     gpu_type: str = "H100"            # the card the batch rule sizes the micro-batch for
     micro_batch_tokens: int = 0       # 0: the batch rule's largest micro-batch for gpu_type

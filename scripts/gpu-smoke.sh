@@ -42,8 +42,8 @@ if [ -n "$missing" ]; then
   "$PY" -m pip install -q "$ROOT[train]"
 fi
 
-# Triton's C helper: a compiler and Python.h (training/toolchain.py says what is missing)
-problem=$("$PY" -c "from training.toolchain import problem_here; print(problem_here() or '')")
+# Triton's C helper: a compiler and Python.h (training/smoke/toolchain.py says what is missing)
+problem=$("$PY" -c "from training.smoke.toolchain import problem_here; print(problem_here() or '')")
 if [ -n "$problem" ] && [ "$(id -u)" = 0 ]; then
   fix=${problem##*: }
   echo "gpu-smoke: $problem"

@@ -1,5 +1,5 @@
 """`submitter logs NAME` once the pods are gone: the run's stored logs (`<run>/logs/`, written by
-the driver in the pod: training.run_logs), from a local path, a mounted PVC or an object store.
+the driver in the pod: training.run.logs), from a local path, a mounted PVC or an object store.
 
 What is shown, in order: each driver session's output (a RayJob retry is a new session), then
 each worker's error log. `-f` follows the newest session until the run's events say it ended.

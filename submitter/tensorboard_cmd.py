@@ -1,7 +1,7 @@
 """`submitter tensorboard NAME`: where a run's TensorBoard files are, and the command that
 serves them.
 
-Every run writes `<run>/tensorboard/` (training.trackers): a `submit --local` run under
+Every run writes `<run>/tensorboard/` (training.events.trackers): a `submit --local` run under
 `./runs/NAME`, a cluster run under `<storage>/<namespace>/NAME` in its bucket or on its PVC.
 A local directory or a bucket is served from here (`tensorboard --logdir ...`); a PVC is
 mounted only in the job's pods, so TensorBoard runs in the head pod (the image carries it) and

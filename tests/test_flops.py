@@ -27,7 +27,7 @@ def test_the_count_against_nanogpt_and_llm_c():
 
 
 def test_the_trackers_mfu_is_the_contracts():
-    from training.trackers import points_of
+    from training.events.trackers import points_of
 
     facts = {"model": "gpt2-small", "params": N, "block_size": 256, "gpu": "NVIDIA H100 80GB HBM3"}
     [(step, values)] = points_of({"type": "progress", "step": 7, "tokens_per_sec": 800_000.0},

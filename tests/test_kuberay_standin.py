@@ -172,7 +172,7 @@ def test_a_run_succeeds_watch_follows_it_and_the_bucket_has_it(cluster):
     assert any("/checkpoint_" in o for o in objects), objects
     assert [e["type"] for e in cluster.bucket_events()][-1] == "run_finished"
     # TensorBoard's event files are in the bucket too, up to the last step (#20)
-    from training.trackers import event_file_steps, read_event_files
+    from training.events.trackers import event_file_steps, read_event_files
 
     files = read_event_files(f"s3://{BUCKET}/runs/default/{NAME}/tensorboard")
     last: dict[str, int] = {}

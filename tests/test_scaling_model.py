@@ -38,7 +38,7 @@ def test_buckets_split_the_gradients_like_ddp():
     assert sm.bucket_sizes(60, 25) == [25, 25, 10]
     assert sm.bucket_sizes(50, 25) == [25, 25]
     # DDP sizes buckets in fp32 gradient bytes: a 50 MiB cap is 25 MiB of bf16 on the wire
-    from training.comm import BUCKET_CAP_MB
+    from training.gpt2.comm import BUCKET_CAP_MB
 
     assert S.bucket_cap_mb == BUCKET_CAP_MB and S.bucket_bytes == BUCKET_CAP_MB * 2**20 // 2
     # the tied embedding (50,304 x 768 in bf16) is not in DDP's buckets: its own all-reduce
@@ -87,7 +87,7 @@ def test_flops_per_token_and_parameters_of_gpt2_small():
 
 
 def test_the_parameter_formula_is_the_models():
-    from training.model import expected_parameters, padded_vocab
+    from training.gpt2.model import expected_parameters, padded_vocab
 
     for vocab, block in ((50257, 256), (50257, 1024)):
         assert expected_parameters("gpt2-small", vocab, block) == gpt2_parameters(padded_vocab(vocab), block)

@@ -23,13 +23,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         if args[:1] == ["export"]:
             from training.driver import require_training_stack
-            from training.export import main as export_main
+            from training.gpt2.export import main as export_main
 
             require_training_stack()
             return export_main(args[1:])
         spec = parse_args(args)
         from training.driver import prepare_run, require_training_stack, run
-        from training.preempt import Preempted
+        from training.run.preempt import Preempted
 
         require_training_stack(spec.dataset, spec.data)
         cfg, storage_line = prepare_run(spec)

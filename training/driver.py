@@ -18,8 +18,8 @@ from submitter.contract import naming
 from submitter.contract.shutdown import ExitChain, exit_chain
 from submitter.contract.spec import JobSpec
 from submitter.contract.stack import require_training_stack as _require
-from training.config import TrainConfig
-from training.event_poller import EventPoller, Notice, OnEvent
+from training.gpt2.config import TrainConfig
+from training.events.poller import EventPoller, Notice, OnEvent
 
 #: Logical CPUs Ray Data gets on a local Ray beside the training workers: without them, 2
 #: workers on a 2-CPU machine take every CPU and Ray Data's read tasks wait forever.
@@ -43,8 +43,8 @@ def require_training_stack(dataset: Optional[str] = None, data: Optional[str] = 
 def prepare_run(spec: JobSpec, environ: Any = os.environ) -> tuple[TrainConfig, str]:
     """The run of a job here: its storage checked where it runs (the policy, then the mounted
     filesystem in a pod). Returns the config and a line saying where checkpoints go."""
-    from training.elastic import cpus_per_worker
-    from training.mounts import checked_run_root
+    from training.gpt2.elastic import cpus_per_worker
+    from training.run.mounts import checked_run_root
 
     root, line = checked_run_root(spec, environ)  # before Ray starts: one line, exit 2
     cpus = cpus_per_worker(spec.elastic, spec.cpus_per_train_worker, 1.0)
@@ -69,11 +69,11 @@ def claim_run_dir(cfg: TrainConfig, notice: Notice, environ: Any = os.environ) -
     """Before anything starts or is written: take the run's lock, refuse a run directory that
     holds another run (model/data/tokenizer differ) or a finished run with no new epochs, and
     record a new run's settings (run.json). Raises UsageError subclasses (exit 2)."""
-    from training.emitter import events_sink
-    from training.model import PRESETS
-    from training.run_identity import (RUN_FILE, check_not_finished, claim_run, identity,
+    from training.events.emitter import events_sink
+    from training.gpt2.model import PRESETS
+    from training.run.identity import (RUN_FILE, check_not_finished, claim_run, identity,
                                        join, lock_run_dir, read_json)
-    from training.tokens import get_encoding, resolve_tokenizer
+    from training.data.tokens import get_encoding, resolve_tokenizer
 
     run_dir = run_dir_of(cfg)
     lock = lock_run_dir(run_dir, environ, notice)
@@ -98,7 +98,7 @@ def claim_run_dir(cfg: TrainConfig, notice: Notice, environ: Any = os.environ) -
 def run_dir_of(cfg: TrainConfig) -> str:
     """`<storage_path>/<run_name>`, where events.jsonl lives beside the checkpoints: a local
     path, or a URI for an object store."""
-    from training.run_identity import join
+    from training.run.identity import join
 
     return join(cfg.storage_path, cfg.run_name)
 
@@ -145,8 +145,8 @@ def quiet_logs() -> None:
 
 def worker_setup() -> None:
     """Every Ray process's setup hook: quiet logs, and SIGTERM as a preemption request while
-    a training loop runs (training.preempt)."""
-    from training.preempt import install_in_ray_worker
+    a training loop runs (training.run.preempt)."""
+    from training.run.preempt import install_in_ray_worker
 
     quiet_logs()
     install_in_ray_worker()
@@ -188,11 +188,11 @@ def run(cfg: TrainConfig, *, on_event: OnEvent, notice: Notice = print,
     failure (the outcome says it). The storage was checked by `prepare_run`; a run directory
     that is locked, holds another run or a finished one raises UsageError before Ray starts."""
     quiet_logs()
-    from training.trackers import check_installed
+    from training.events.trackers import check_installed
 
     check_installed(os.environ)  # MLflow/W&B asked for and not installed: exit 2, nothing started
     claim = claim_run_dir(cfg, notice)
-    from training.run_logs import capture_driver
+    from training.run.logs import capture_driver
 
     kept = capture_driver(run_dir_of(cfg), cfg.job.to_dict())  # <run>/logs/: outlives the pods
     try:
@@ -205,7 +205,7 @@ def run(cfg: TrainConfig, *, on_event: OnEvent, notice: Notice = print,
 
 def _run_claimed(cfg: TrainConfig, claim: Claim, on_event: OnEvent, notice: Notice,
                  poll_seconds: float) -> RunOutcome:
-    from training.preempt import DriverPreemption
+    from training.run.preempt import DriverPreemption
 
     ensure_ray(cfg)
     import ray
@@ -266,7 +266,7 @@ def _preempted(hub: Any, preemption: Any, poller: Any, chain: ExitChain) -> None
     the next attempt: trackers resume from the events)."""
     import ray
 
-    from training.preempt import Preempted
+    from training.run.preempt import Preempted
 
     error = preemption.message()
     # the poller's 3 waits (join, events, problems), twice, share what the trackers leave
@@ -305,8 +305,8 @@ def _wait_for_checkpoint_event(hub: Any, path: Optional[str], timeout: float = 1
 def _export_at_end(cfg: TrainConfig, result: Any, claim: Claim, notice: Notice) -> dict[str, Any]:
     """`<run>/model` as a Hugging Face directory, and a sample of its text for run_finished.
     A failed export costs the export, not the run (its checkpoints are safe)."""
-    from training.export import EXPORT_DIR, SAMPLE_PROMPT, export_run_end
-    from training.run_identity import join
+    from training.gpt2.export import EXPORT_DIR, SAMPLE_PROMPT, export_run_end
+    from training.run.identity import join
 
     if result.checkpoint is None:
         return {}
@@ -325,7 +325,7 @@ def _start_hub(cfg: TrainConfig) -> Any:
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    from training.emitter import RunEmitter
+    from training.events.emitter import RunEmitter
 
     env = {k: os.environ[k] for k in (naming.ENV_PROGRESS_CONFIGMAP, naming.ENV_NAMESPACE)
            if os.environ.get(k)}
@@ -345,15 +345,15 @@ def _prepare(cfg: TrainConfig, hub: Any, notice: Notice,
     from ray.data import DataContext
     from ray.train.torch import TorchTrainer
 
-    from training.data import load_corpus, token_datasets
-    from training.export import prompt_from
-    from training.loop import train_func
-    from training.checkpoint_events import CheckpointEvents
-    from training.model import PRESETS, expected_parameters
-    from training.elastic import scaling_options
-    from training.run_logs import worker_error_logs
+    from training.data.pipeline import load_corpus, token_datasets
+    from training.gpt2.export import prompt_from
+    from training.gpt2.loop import train_func
+    from training.run.checkpoint_events import CheckpointEvents
+    from training.gpt2.model import PRESETS, expected_parameters
+    from training.gpt2.elastic import scaling_options
+    from training.run.logs import worker_error_logs
     from training.run_plan import data_config, plan_run
-    from training.tokens import get_encoding
+    from training.data.tokens import get_encoding
 
     ctx = DataContext.get_current()
     ctx.enable_progress_bars = False

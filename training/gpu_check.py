@@ -89,7 +89,7 @@ def _probe() -> dict:
     only (a T4 or V100 emulates it; those train in fp16)."""
     import torch
 
-    from training.precision import bf16_native
+    from training.gpt2.precision import bf16_native
 
     ok = torch.cuda.is_available()
     return {"cuda": ok, "bf16": bool(ok and bf16_native()),

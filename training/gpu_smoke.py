@@ -3,10 +3,10 @@ entrypoint on one GPU (DDP, FSDP2, 2-process DDP, save -> resume), in one call o
 
     python -m training.gpu_smoke [--bpe-file FILE] [--work DIR] [--cases reference,step,...]
 
-The cases, in run order (training.smoke_plan sizes them by the card and drops from the end
+The cases, in run order (training.smoke.plan sizes them by the card and drops from the end
 what does not fit; `--cases` picks):
-- `reference`: the nanoGPT-style GPT-2 step (training.reference_gpt: whole-model compile,
-  plain cross-entropy, fused AdamW), no Ray (training.smoke_step);
+- `reference`: the nanoGPT-style GPT-2 step (training.smoke.reference_gpt: whole-model compile,
+  plain cross-entropy, fused AdamW), no Ray (training.smoke.step);
 - `step`: the project's model, loss, optimizer, precision and compile, no Ray, no data;
 - `ddp-compiled`: `python -m training` with the defaults, one worker, `--compile on`;
 - `resume`: the ddp-compiled job again with one more epoch: it must resume from its checkpoint;
@@ -15,7 +15,7 @@ what does not fit; `--cases` picks):
 - `fsdp-compiled`: the entrypoint with `--fsdp --compile on`;
 - `ddp-eager`, `fsdp-eager` (not by default): the entrypoint with `--compile off`.
 `reference` and `step` take the micro-batch and micro-batches a step that the default run
-resolves on this card (training.smoke_plan.default_batch); the entrypoint's cases resolve
+resolves on this card (training.smoke.plan.default_batch); the entrypoint's cases resolve
 their own (the table says what each took). The entrypoint's cases read their figures from
 their event lines: tokens/s and data wait are the medians of the progress windows after the
 first (which holds start-up and compilation). MFU: tokens/s x FLOPs per token over the card's
@@ -24,7 +24,7 @@ dense 16-bit peak (`case_mfu`; n/a for a card not in submitter.contract.flops.PE
 Offline: the entrypoint's cases tokenize with `--bpe-file` (GPT-2's BPE from a tiktoken
 ranks file), else byte-level; nothing is downloaded. Compiled cases share one inductor cache
 under `--work` (`.compile-cache`, kept between cases and calls); before the first of them the
-script checks for a C compiler and Python's headers (training.toolchain) and names the package
+script checks for a C compiler and Python's headers (training.smoke.toolchain) and names the package
 when they are missing. A compact table at the end, then the targets (ok/below); exit 1 when a
 case failed.
 
@@ -46,18 +46,18 @@ from typing import Any, Optional, Sequence
 
 from submitter.contract import events as ev
 from submitter.contract.flops import Peak, flops_per_token, mfu, peak_for
-from training import smoke_plan
-from training.smoke_step import RESULT_PREFIX
+from training.smoke import plan as smoke_plan
+from training.smoke.step import RESULT_PREFIX
 
 TOTAL_BUDGET_S = smoke_plan.TOTAL_BUDGET_S  # what one short call on a GPU machine allows
-#: The shared compile cache: `<work>/<SHARED>/.compile-cache` (training.compiling's layout).
+#: The shared compile cache: `<work>/<SHARED>/.compile-cache` (training.gpt2.compiling's layout).
 SHARED = "shared"
 
 
 @dataclass(frozen=True)
 class Case:
     name: str
-    in_process: bool = False       # training.smoke_step, no Ray; else `python -m training`
+    in_process: bool = False       # training.smoke.step, no Ray; else `python -m training`
     fsdp: bool = False
     compile: str = "on"            # "on" | "off"
     resumes: Optional[str] = None  # run the job of this case again, one epoch more
@@ -106,7 +106,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                    help=f"comma-separated cases, run in the plan's order [default: %(default)s; "
                         f"also: {', '.join(c.name for c in CASES if c.name not in DEFAULT_CASES)}]")
     p.add_argument("--steps", type=int, default=None,
-                   help="steps per case (default: the card's plan, training.smoke_plan)")
+                   help="steps per case (default: the card's plan, training.smoke.plan)")
     p.add_argument("--bpe-file", default=None, metavar="FILE",
                    help="GPT-2 BPE ranks (tiktoken format) for the entrypoint's cases: no "
                         "download (default: byte-level tokens)")
@@ -181,8 +181,8 @@ def case_argv(case: Case, a: argparse.Namespace, has_compile: bool, precision: s
 
 def step_argv(case: Case, a: argparse.Namespace, plan: smoke_plan.SmokePlan, steps: int,
               precision: str, work: str) -> list[str]:
-    """`python -m training.smoke_step` for an in-process case, at the plan's batch."""
-    argv = [sys.executable, "-m", "training.smoke_step", "--case", case.name,
+    """`python -m training.smoke.step` for an in-process case, at the plan's batch."""
+    argv = [sys.executable, "-m", "training.smoke.step", "--case", case.name,
             "--micro", str(plan.micro), "--accum", str(plan.accumulation), "--steps", str(steps),
             "--warmup", "1", "--compile", case.compile, "--precision", precision,
             "--compile-cache", os.path.join(work, SHARED)]
@@ -237,7 +237,7 @@ def summarize(case: Case, events: list[dict[str, Any]], peak: Optional[Peak],
 
 
 def _parallel_words(facts: dict[str, Any]) -> Optional[str]:
-    """What the workers really ran (training.parallel's facts on the first progress event)."""
+    """What the workers really ran (training.gpt2.parallel's facts on the first progress event)."""
     mode = facts.get("parallel")
     if not mode:
         return None
@@ -396,10 +396,10 @@ def _tail(out: str, skip: str) -> str:
 
 def share_compile_cache(storage: str, case: Case, work: str) -> None:
     """A new run directory for an entrypoint case whose compile cache is the shared one
-    (training.compiling puts it at `<run dir>/.compile-cache`: a link to `<work>/shared/...`)."""
+    (training.gpt2.compiling puts it at `<run dir>/.compile-cache`: a link to `<work>/shared/...`)."""
     import shutil
 
-    from training.compiling import CACHE_DIR
+    from training.gpt2.compiling import CACHE_DIR
 
     run_dir = os.path.join(storage, case.job_name)
     if not case.resumes:
@@ -432,8 +432,8 @@ def the_device(a: argparse.Namespace) -> tuple[str, Optional[Peak], float, str]:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     a = parse_args(argv)
-    from training import toolchain
-    from training.model import PRESETS
+    from training.smoke import toolchain
+    from training.gpt2.model import PRESETS
 
     preset = PRESETS["tiny" if a.cpu else "gpt2-small"]
     try:

@@ -11,7 +11,7 @@ never learn of it, and no preemption checkpoint is written. So the hook does it 
 - SIGTERM to the driver (`python -m training`, or `python -m training.run_script` for a
   `--script` job; on the head, where Ray runs the job's entrypoint)
   and to the Ray Train workers (`ray::RayTrainWorker...`) of THIS pod; both save a preemption
-  checkpoint at the next step boundary (training.preempt), and the driver then exits 143, which
+  checkpoint at the next step boundary (training.run.preempt), and the driver then exits 143, which
   the RayJob retries (backoffLimit) from that checkpoint;
 - on a worker pod, first drains the pod's Ray node (GCS `DrainNode`, reason preemption, with the
   pod's deadline): Ray schedules nothing new there, so Ray Train restarts the group on the
@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Iterable, Optional, Sequence
 
 from submitter.contract.shutdown import exit_chain
-from training.run_identity import pid_alive
+from training.run.identity import pid_alive
 
 #: Ray Train's worker actor, as its process title shows it (setproctitle).
 TRAIN_WORKER_TITLE = "ray::RayTrainWorker"

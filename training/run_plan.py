@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 from submitter.contract.errors import SpecError
-from training.config import TrainConfig
-from training.precision import choose_precision
+from training.gpt2.config import TrainConfig
+from training.gpt2.precision import choose_precision
 
 
 #: The first plan's epoch length when the data's size is unknown, and its warm-up.
@@ -45,10 +45,10 @@ def precision_fact(requested: str, use_gpu: bool, probe: Optional[dict]) -> dict
 
 
 def compile_fact(mode: str, use_gpu: bool) -> str:
-    """run_started's `compile`: on | off as the workers will resolve it (training.compiling;
+    """run_started's `compile`: on | off as the workers will resolve it (training.gpt2.compiling;
     a GPU older than sm70 turns auto off there, which the first progress event's `compile`
     says); the seconds it took ride on that event too (`compile_s`)."""
-    from training.compiling import compile_enabled
+    from training.gpt2.compiling import compile_enabled
 
     return "on" if compile_enabled(mode, "cuda" if use_gpu else "cpu") else "off"
 
@@ -76,13 +76,13 @@ def plan_run(cfg: TrainConfig, corpus: Any, tok_spec: Any, block: int,
              notice: Callable[[str], None]) -> RunPlan:
     """Checks and decisions before `TorchTrainer.fit`; raises GpuImageError / SpecError (one
     line), the latter also for data shorter than one optimizer step."""
-    from training.data import estimate_blocks, steps_per_epoch_estimate
+    from training.data.pipeline import estimate_blocks, steps_per_epoch_estimate
     from training.gpu_check import check_gpus_here, probe_gpu_node
 
     check_gpus_here(cfg.use_gpu, cfg.num_workers)
     probe = probe_gpu_node() if cfg.use_gpu else None
     # the step of the largest group as rank 0 makes it (on GPUs each worker sizes its own
-    # micro-batch, training.microbatch: the accumulation is render's estimate)
+    # micro-batch, training.gpt2.microbatch: the accumulation is render's estimate)
     step = cfg.job.batch_plan()
     accum = step.accumulation
     blocks = estimate_blocks(corpus, tok_spec, block, cfg.val_percent)

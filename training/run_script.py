@@ -3,11 +3,11 @@
 It gets the job as data (`SUBMITTER_JOB`) and the code's whereabouts (`SUBMITTER_CODE`: a
 ConfigMap, a bucket object, or for `--local` a file), then, before the user's script runs:
 the storage policy and the in-pod filesystem check and write probe, as for the GPT-2 job; the
-run's lock (training.run_identity.lock_run_dir: one live driver per run directory); the
+run's lock (training.run.identity.lock_run_dir: one live driver per run directory); the
 bundle unpacked and its hash checked; the code's identity in `run.json` (a resume with other
 code is refused naming the files that differ, unless --allow-code-change); Ray's runtime_env
 (the unpacked directory as every worker's working_dir, --requirements as pip, the SIGTERM
-hook); and the hooks of training.script_hooks. Then the script runs as `__main__` with its
+hook); and the hooks of training.script.hooks. Then the script runs as `__main__` with its
 arguments. Exit 0 done, 1 failed, 2 bad input or refused, 143 preempted.
 """
 
@@ -24,7 +24,7 @@ from typing import Any, Mapping, Optional, Sequence
 
 from submitter.contract import code
 from submitter.contract.errors import SubmitterError, UsageError
-from training.preempt import DriverPreemption
+from training.run.preempt import DriverPreemption
 
 EXIT_PREEMPTED = 143
 #: Where bundles are unpacked (by hash): the code is not checkpoint data, a pod's disk is fine.
@@ -54,7 +54,7 @@ def _configmap_bundle(name: str, environ: Mapping[str, str]) -> bytes:
     import base64
 
     from submitter.contract import naming
-    from training.progress_configmap import ConfigMapSink
+    from training.events.progress_configmap import ConfigMapSink
 
     namespace = environ.get(naming.ENV_NAMESPACE) or "default"
     api = ConfigMapSink(name, namespace).api()
@@ -87,7 +87,7 @@ def claim_code(run_dir: str, spec: Any, ref: Mapping[str, Any], files: Mapping[s
                installed: Sequence[str] = ()) -> str:
     """Record the code in a new run's run.json, or check it against the run's. Returns a line.
     `installed`: the --requirements as pip resolved them (name==version)."""
-    from training.run_identity import RUN_FILE, RunMismatch, join, read_json, write_json_once
+    from training.run.identity import RUN_FILE, RunMismatch, join, read_json, write_json_once
 
     path = join(run_dir, RUN_FILE)
     stored = read_json(path)
@@ -162,13 +162,13 @@ def install_driver_packages(pip: Sequence[str], notice: Any) -> list[str]:
 
 def _script_hub() -> Any:
     """The run's emitter actor once the script's fit() started it (else None)."""
-    from training import script_hooks
+    from training.script import hooks as script_hooks
 
     return script_hooks.hub_or_none() if script_hooks.started() else None
 
 
 #: The driver's SIGTERM (the preStop hook), as `python -m training` handles it
-#: (training.preempt.DriverPreemption). Before any fit() the script ends at once; during one
+#: (training.run.preempt.DriverPreemption). Before any fit() the script ends at once; during one
 #: the workers' `should_stop()` checkpoints, and the end is 'preempted' (exit 143, a retry
 #: resumes from that checkpoint). Installed before the script and again once its fit() started
 #: Ray (ray.init puts its own SIGTERM handler in the driver: exit 1 at once).
@@ -177,8 +177,8 @@ _SIGTERM = DriverPreemption(None, 30.0, find_hub=_script_hub)
 
 def prepare_storage(spec: Any, environ: Mapping[str, str]) -> tuple[str, str, str]:
     """(Ray Train storage_path, run dir, a line), checked as `python -m training` does."""
-    from training.mounts import checked_run_root
-    from training.run_identity import join
+    from training.run.mounts import checked_run_root
+    from training.run.identity import join
 
     root, line = checked_run_root(spec, environ)
     return root, join(root, spec.run_name), line
@@ -209,14 +209,14 @@ def main(argv: Optional[Sequence[str]] = None, environ: Any = os.environ) -> int
         require_training_stack()
         storage_root, run_dir, line = prepare_storage(spec, environ)
         notice(line)
-        from training.run_identity import lock_run_dir
+        from training.run.identity import lock_run_dir
 
         lock = lock_run_dir(run_dir, environ, notice)  # one live driver per run, as for GPT-2
         code_dir, files = unpack_bundle(read_bundle(ref, environ), ref["sha256"])
         installed = install_driver_packages(ref.get("pip") or [], notice)
         notice(claim_code(run_dir, spec, ref, files, installed))
         inject_runtime_env(runtime_env(code_dir, ref.get("pip") or []), environ)
-        from training import script_hooks
+        from training.script import hooks as script_hooks
 
         script_file = os.path.join(code_dir, *ref["entry"].split("/"))
         settings = script_hooks.Settings(
@@ -287,7 +287,7 @@ def finish(outcome: Optional[BaseException], s: Any, environ: Mapping[str, str],
     """The run's last event and the exit code."""
     import traceback
 
-    from training import script_hooks
+    from training.script import hooks as script_hooks
 
     if isinstance(outcome, SubmitterError):  # a refusal (the script's storage_path): no run
         print(f"error: {outcome}", file=sys.stderr)
@@ -296,7 +296,7 @@ def finish(outcome: Optional[BaseException], s: Any, environ: Mapping[str, str],
         notice(NOT_RAY_TRAIN.format(entry=s.entry))
     hub = script_hooks.hub_or_none()
     if hub is None:
-        from training.emitter import Emitter, StdoutSink, run_sinks
+        from training.events.emitter import Emitter, StdoutSink, run_sinks
 
         sinks, history = run_sinks(s.run_dir, s.environ)
         local = Emitter([StdoutSink(), *sinks], history)

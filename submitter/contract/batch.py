@@ -9,7 +9,7 @@ The rule (docs/gpus/batch.md):
   multiples of a quantum that differ by one quantum (at most ~1/8 of a share for the defaults),
   so an elastic group of any size keeps the same step. The loss is weighted by each worker's
   share (`loss_weight`) so that the all-reduced gradient is the mean over all the step's tokens.
-- **The micro-batch is chosen on the worker** (training.microbatch) from the device's free memory
+- **The micro-batch is chosen on the worker** (training.gpt2.microbatch) from the device's free memory
   and the precision: the largest that fits (`sequences_that_fit`) and divides its share; the
   accumulation is share / micro-batch. `submitter render` shows an estimate for the card
   `--gpu-type` names (else the smallest supported, 16 GiB). An explicit `--batch-size-per-worker`
@@ -52,11 +52,11 @@ HOST_STATE_BYTES_PER_PARAM = 12
 WORKSPACE_GIB = 1.0
 USABLE_SHARE = 0.8
 #: Model shapes by preset (n_layer, n_embd, vocab; the tokenizer's for "tiny": GPT-2's assumed,
-#: the larger). training.model.PRESETS holds the same figures (tests hold them together).
+#: the larger). training.gpt2.model.PRESETS holds the same figures (tests hold them together).
 MODEL_SHAPES = {"gpt2-small": (12, 768, 50257), "tiny": (2, 128, 50257)}
-#: Default block size (tokens per sequence) by preset, as training.model.PRESETS.
+#: Default block size (tokens per sequence) by preset, as training.gpt2.model.PRESETS.
 MODEL_BLOCK = {"gpt2-small": 256, "tiny": 128}
-#: DDP on CUDA all-reduces gradients in bf16/fp16 (training.parallel's compression hook).
+#: DDP on CUDA all-reduces gradients in bf16/fp16 (training.gpt2.parallel's compression hook).
 GPU_GRAD_BYTES = 2
 
 

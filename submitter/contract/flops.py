@@ -1,7 +1,7 @@
 """Model FLOPs and the GPUs' dense peaks: model FLOPs utilisation (MFU) without torch.
 
 The one way the project counts MFU: `flops_per_token` (with the attention term) and `mfu`,
-used by the trackers (training.trackers, `train/mfu`), the GPU smoke run (training.gpu_smoke)
+used by the trackers (training.events.trackers, `train/mfu`), the GPU smoke run (training.gpu_smoke)
 and the scaling model (benchmarks/scaling_model.py); `preset_flops_per_token` looks the
 shapes up by preset name for callers that hold only run_started's facts. Stdlib only:
 importable where torch is not installed.
@@ -98,6 +98,6 @@ def mfu(tokens_per_sec: float, per_token: float, peak_tflops: Optional[float]) -
 
 def gpt2_parameters(vocab: int, block: int, n_layer: int = 12, n_embd: int = 768) -> int:
     """GPT-2's parameter count with tied embeddings (the same formula as
-    training.model.expected_parameters, without importing torch)."""
+    training.gpt2.model.expected_parameters, without importing torch)."""
     d = n_embd
     return vocab * d + block * d + n_layer * (12 * d * d + 13 * d) + 2 * d

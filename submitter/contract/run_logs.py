@@ -1,6 +1,6 @@
 """The run's stored logs (`<run>/logs/`) and the redaction every stored text goes through.
 
-Both sides agree here: the pod writes (training.run_logs), `submitter logs` reads
+Both sides agree here: the pod writes (training.run.logs), `submitter logs` reads
 (submitter.stored_logs) when the pods are gone. Stdlib only.
 
 - `driver-<UTC stamp>-<pid>.log`: one driver session's output (a RayJob retry is a new session),

@@ -889,7 +889,7 @@ class JobSpec:
 
     def batch_resolution(self) -> "batch.Resolved":
         """The batch the settings fix (the global batch; the micro-batch when given or on CPU)
-        and, for GPU jobs, render's estimate of what the worker chooses (training.microbatch)."""
+        and, for GPU jobs, render's estimate of what the worker chooses (training.gpt2.microbatch)."""
         return batch.resolve(gpu=self.gpu_per_pod > 0, model=self.model, block=self.block,
                              micro=self.batch_size_per_worker, global_batch=self.global_batch_size,
                              min_workers=self.min_train_workers,

@@ -1,5 +1,5 @@
 """The metrics trackers' own variables that can be wrong before a run starts: checked by
-`--env` (submitter.contract.spec) and again by the driver where it runs (training.trackers)."""
+`--env` (submitter.contract.spec) and again by the driver where it runs (training.events.trackers)."""
 
 from __future__ import annotations
 

@@ -100,7 +100,7 @@ def test_logs_print_the_submitter_pod_log(api, kubeconfig, runner):
 
 
 def stored_run(storage, namespace="default", name="gpt2-demo", *, ended=True):
-    """What the driver keeps under <storage>/<namespace>/<name>/ (training.run_logs): two driver
+    """What the driver keeps under <storage>/<namespace>/<name>/ (training.run.logs): two driver
     sessions (a RayJob retry), the first rotated once, and a worker's error log."""
     from submitter.contract import events as ev
     from submitter.contract import run_logs as names

@@ -1,5 +1,5 @@
 """`submitter report --storage-path s3://...`: the run's events.jsonl read from an object store
-where the pod's sink writes it (training.object_store, under training.run_identity's layout),
+where the pod's sink writes it (training.run.object_store, under training.run.identity's layout),
 against moto's S3 server; pyarrow is imported only for a URI."""
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ BUCKET = "ckpt"
 
 def write_run_as_the_pod_does(namespace: str | None) -> str:
     """The events as the ObjectStoreSink of a pod (or of a local run) leaves them; the URI."""
-    from training.object_store import ObjectStoreSink
-    from training.run_identity import join, run_storage_path
+    from training.run.object_store import ObjectStoreSink
+    from training.run.identity import join, run_storage_path
 
     environ = {"KUBERNETES_SERVICE_HOST": "10.0.0.1"} if namespace else {}
     run_dir = join(run_storage_path(f"s3://{BUCKET}/runs", namespace or "default", environ), NAME)

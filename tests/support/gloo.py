@@ -1,7 +1,7 @@
 """Process groups over gloo on CPU, for the tests of gradient communication (test_grad_sync,
 test_comm, test_fsdp_gather, test_microbatch, test_preempt, test_compute, test_parallel):
 starting the ranks, joining and leaving the group, and a micro-batch's backward through the
-loop's own `training.parallel.gradient_sync`, as `training.loop.step_once` runs it.
+loop's own `training.gpt2.parallel.gradient_sync`, as `training.gpt2.loop.step_once` runs it.
 
 The ranks meet through a file (a FileStore), not a TCP port: no port picked now and bound
 later (another test can take it meanwhile), and no store server living in rank 0 that the
@@ -62,7 +62,7 @@ def micro_batches(generator: Any, accum: int, micro: int, vocab: int,
 
 def backward(model: Any, x: Any, accum: int, last: bool) -> None:
     """One micro-batch's share of the step's mean loss, backward; gradients sync on the last."""
-    from training.parallel import gradient_sync
+    from training.gpt2.parallel import gradient_sync
 
     with gradient_sync(model, sync=last):
         (model(input_ids=x, labels=x).loss / accum).backward()

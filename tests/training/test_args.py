@@ -12,10 +12,10 @@ from submitter.contract.errors import UsageError
 from submitter.contract.naming import ENV_JOB
 from submitter.contract.spec import JobSpec, defaults, fields, flag_name
 from training.args import build_parser, parse_args
-from training.config import TrainConfig
+from training.gpt2.config import TrainConfig
 from training.driver import prepare_run
-from training.loop import checkpoint_name, resume_point
-from training.model import lr_factor
+from training.gpt2.loop import checkpoint_name, resume_point
+from training.gpt2.model import lr_factor
 
 
 def test_defaults_are_jobspecs():

@@ -1,4 +1,4 @@
-"""training.comm over gloo, 2 processes on CPU (as tests/training/test_grad_sync.py): the tied
+"""training.gpt2.comm over gloo, 2 processes on CPU (as tests/training/test_grad_sync.py): the tied
 embedding/LM-head gradient has its own all-reduce, launched once per optimizer step, on the last
 micro-batch only, finished before `backward()` returns; DDP's buckets carry every other gradient
 once; and the gradients equal plain DDP's."""
@@ -21,8 +21,8 @@ def _worker(rank: int, world: int, rendezvous: str, out: str) -> None:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
-    from training.comm import BUCKET_CAP_MB, pod_network_ddp
-    from training.model import build_model, gpt2_config
+    from training.gpt2.comm import BUCKET_CAP_MB, pod_network_ddp
+    from training.gpt2.model import build_model, gpt2_config
 
     gloo.join(rank, world, rendezvous)
     config = gpt2_config("tiny", VOCAB, EOT, BLOCK)
@@ -37,7 +37,7 @@ def _worker(rank: int, world: int, rendezvous: str, out: str) -> None:
     events: list[list] = []
     real_all_reduce = dist.all_reduce
 
-    def counting_all_reduce(tensor, *args, **kwargs):  # what training.comm calls
+    def counting_all_reduce(tensor, *args, **kwargs):  # what training.gpt2.comm calls
         events.append(["tied", tensor.numel() * tensor.element_size()])
         return real_all_reduce(tensor, *args, **kwargs)
 
@@ -104,8 +104,8 @@ def test_the_gradients_equal_plain_ddps(ranks):
 
 
 def test_tied_names_finds_the_shared_weight_under_every_name():
-    from training.comm import tied_names
-    from training.model import build_model, gpt2_config
+    from training.gpt2.comm import tied_names
+    from training.gpt2.model import build_model, gpt2_config
 
     model = build_model(gpt2_config("tiny", VOCAB, EOT, BLOCK))
     assert tied_names(model) == ["transformer.wte.weight", "lm_head.weight"]
@@ -120,8 +120,8 @@ def _cuda_worker(rank: int, world: int, rendezvous: str, out: str) -> None:
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
     from torch.nn.parallel import DistributedDataParallel
 
-    from training.comm import pod_network_ddp
-    from training.model import build_model, gpt2_config
+    from training.gpt2.comm import pod_network_ddp
+    from training.gpt2.model import build_model, gpt2_config
 
     gloo.join(rank, world, rendezvous)
     device, hook = torch.device("cuda", 0), "bf16_compress_hook"

@@ -17,9 +17,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from tests.conftest import ROOT
 from tests.support import gloo
-from training.compiling import CACHE_DIR, cache_location, compile_enabled
-from training.loss import IGNORE_INDEX, lm_loss, loss_chunk_rows
-from training.model import GELU, build_model, gpt2_config
+from training.gpt2.compiling import CACHE_DIR, cache_location, compile_enabled
+from training.gpt2.loss import IGNORE_INDEX, lm_loss, loss_chunk_rows
+from training.gpt2.model import GELU, build_model, gpt2_config
 
 VOCAB, EOT, BLOCK = 257, 256, 32
 
@@ -212,7 +212,7 @@ def test_the_compiled_loss_keeps_one_bf16_vocabulary_buffer_and_matches_eager():
 
 
 def test_the_chunk_count_is_the_fewest_the_budget_allows_and_bounded():
-    from training.loss import DEFAULT_LOSS_BUDGET, LOSS_MEMORY_SHARE, bytes_per_logit
+    from training.gpt2.loss import DEFAULT_LOSS_BUDGET, LOSS_MEMORY_SHARE, bytes_per_logit
 
     v = 50304  # GPT-2's padded vocabulary
     assert bytes_per_logit(2, compiled=True) == 4 and bytes_per_logit(2, compiled=False) == 8
@@ -246,8 +246,8 @@ def test_compile_auto_means_on_cuda_only_and_the_cache_follows_the_storage(tmp_p
 def test_fsdp2_with_a_bf16_policy_computes_in_bf16_without_autocast(_process_group):
     """The MixedPrecisionPolicy is the only cast (no autocast in the loop under FSDP2): the
     blocks see bf16 activations and the loss still comes out fp32."""
-    from training.parallel import shard_fsdp
-    from training.precision import choose_precision
+    from training.gpt2.parallel import shard_fsdp
+    from training.gpt2.precision import choose_precision
 
     torch.manual_seed(0)
     model = shard_fsdp(build_model(gpt2_config("tiny", VOCAB, EOT, BLOCK)),
@@ -266,8 +266,8 @@ def test_fsdp2_with_a_bf16_policy_computes_in_bf16_without_autocast(_process_gro
 RUN = r"""
 import json, os, sys
 import torch
-from training.compiling import CompileCache, compile_model, compile_seconds, counters
-from training.model import build_model, build_optimizer, gpt2_config
+from training.gpt2.compiling import CompileCache, compile_model, compile_seconds, counters
+from training.gpt2.model import build_model, build_optimizer, gpt2_config
 
 def run(compiled, steps=6, cache=None):
     torch.manual_seed(0)
@@ -294,7 +294,7 @@ def run(compiled, steps=6, cache=None):
 if __name__ == "__main__":
     run_dir = sys.argv[1]
     if len(sys.argv) > 2:  # an object-store run: the mega-cache through these two functions
-        import training.compiling as c
+        import training.gpt2.compiling as c
         blob = os.path.join(run_dir, "compile-cache.bin")
         c._read_object = lambda uri: open(blob, "rb").read() if os.path.exists(blob) else None
         c._write_object = lambda uri, data: open(blob, "wb").write(data)
@@ -411,7 +411,7 @@ def test_the_whole_model_and_loss_compile_as_one_region_without_recompiles(layou
     from torch._dynamo.utils import counters
     from torch.nn.parallel import DistributedDataParallel
 
-    from training.compiling import compile_model
+    from training.gpt2.compiling import compile_model
 
     model = _twelve_layers()
     names = [n for n, _ in model.named_parameters()]
@@ -438,9 +438,9 @@ def test_fsdp2_compiles_each_block_and_the_loss_without_recompiles(_process_grou
     in a graph of its own, FSDP2's hooks outside the graphs; no recompiles, no graph breaks."""
     from torch._dynamo.utils import counters
 
-    from training.compiling import compile_model
-    from training.parallel import shard_fsdp
-    from training.precision import choose_precision
+    from training.gpt2.compiling import compile_model
+    from training.gpt2.parallel import shard_fsdp
+    from training.gpt2.precision import choose_precision
 
     model = _twelve_layers()
     names = [n for n, _ in model.named_parameters()]

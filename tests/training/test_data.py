@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from training.data import _guess_format, chunk_batch, load_corpus, stdlib_files, token_datasets
-from training.tokens import TokenizerSpec, byte_encoding, tokenize_and_chunk
+from training.data.pipeline import _guess_format, chunk_batch, load_corpus, stdlib_files, token_datasets
+from training.data.tokens import TokenizerSpec, byte_encoding, tokenize_and_chunk
 
 BYTES = TokenizerSpec("byte")
 TEXT = [" = Alpha = ", "", " The alpha line one . ", " = = Part = = ", " more text here . "] * 40
@@ -82,7 +82,7 @@ def test_readers_feed_the_same_blocks(tmp_path):
 # --- fast start: sizes and estimates instead of a counting pass ---------------------------------
 
 def test_hub_tables_are_cut_into_a_block_per_core_or_more():
-    from training.data import HUB_BLOCK_BYTES, hub_block_count
+    from training.data.pipeline import HUB_BLOCK_BYTES, hub_block_count
 
     assert hub_block_count(rows=1000, text_bytes=1_000, cpus=16) == 16
     assert hub_block_count(rows=10, text_bytes=1_000, cpus=16) == 10
@@ -91,7 +91,7 @@ def test_hub_tables_are_cut_into_a_block_per_core_or_more():
 
 
 def test_the_steps_per_epoch_estimate_follows_the_texts_size(tmp_path):
-    from training.data import (Corpus, _files_size_and_sample, estimate_blocks,
+    from training.data.pipeline import (Corpus, _files_size_and_sample, estimate_blocks,
                                steps_per_epoch_estimate)
 
     text = tmp_path / "a.txt"
@@ -112,7 +112,7 @@ def test_parquet_text_size_comes_from_the_footers_and_a_sample(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from training.data import _files_size_and_sample
+    from training.data.pipeline import _files_size_and_sample
 
     rows = TEXT * 100  # repetitive: dictionary encoding makes the stored column tiny
     for part in range(2):
@@ -125,8 +125,8 @@ def test_parquet_text_size_comes_from_the_footers_and_a_sample(tmp_path):
 
 def test_gpt2_tokens_per_byte_is_measured_on_the_sample():
     from tests.conftest import shared_file
-    from training.data import Corpus, tokens_per_byte
-    from training.tokens import TokenizerSpec
+    from training.data.pipeline import Corpus, tokens_per_byte
+    from training.data.tokens import TokenizerSpec
 
     bpe = TokenizerSpec("bpe-file", str(shared_file("data", "gpt2.tiktoken")))
     lines = shared_file("data", "wikitext-2", "valid.txt").read_text().splitlines()[:3000]
@@ -141,7 +141,7 @@ def test_a_hub_dataset_is_tokenized_by_every_core_and_limited(tmp_path):
     import datasets
     import ray
 
-    from training.data import hub_corpus, limited
+    from training.data.pipeline import hub_corpus, limited
 
     rows = [f" line {i} of the corpus . " for i in range(4000)]
     dd = datasets.DatasetDict({"train": datasets.Dataset.from_dict({"body": rows}),
@@ -179,7 +179,7 @@ def test_line_ranges_cover_the_file_and_give_its_splitlines(pieces, chunk):
     the lines are against the range size, the ranges' lines are the file's splitlines()."""
     import io
 
-    from training.data import line_ranges, read_line_ranges
+    from training.data.pipeline import line_ranges, read_line_ranges
 
     data = "\n".join(pieces).encode()
     ranges = line_ranges(io.BytesIO(data), len(data), chunk)
@@ -194,7 +194,7 @@ def test_line_ranges_cover_the_file_and_give_its_splitlines(pieces, chunk):
 def test_a_big_text_file_is_read_in_ranges_with_read_texts_rows(tmp_path, monkeypatch):
     import ray
 
-    import training.data as data
+    import training.data.pipeline as data
 
     lines = [f"line {i} " + "é" * (i % 7) + ("\r" if i % 5 == 0 else "") for i in range(3000)]
     path = tmp_path / "big.txt"

@@ -8,9 +8,9 @@ import pytest
 from submitter.contract import batch
 from submitter.contract import events as ev
 from submitter.event_text import describe
-from training.elastic import RESIZE_INTERVAL_ENV, cpus_per_worker, group_batch, scaling_options
-from training.emitter import Emitter
-from training.microbatch import worker_batch
+from training.gpt2.elastic import RESIZE_INTERVAL_ENV, cpus_per_worker, group_batch, scaling_options
+from training.events.emitter import Emitter
+from training.gpt2.microbatch import worker_batch
 
 
 def test_scaling_options_fixed_and_elastic():
@@ -79,7 +79,7 @@ def test_a_new_driver_knows_the_last_size_from_the_history():
 
 def test_a_fresh_runs_first_group_size_survives_the_driver():
     """A fresh run's first start sends no group event: its first progress carries world_size
-    (training.loop), so the next driver session still sees a resize."""
+    (training.gpt2.loop), so the next driver session still sees a resize."""
     history = [ev.make_event("progress", seq=1, epoch=1, step=1, loss=5.0, tokens_per_sec=1.0,
                              lr=1e-3, world_size=4),
                ev.make_event("progress", seq=2, epoch=1, step=2, loss=4.9, tokens_per_sec=1.0,
@@ -133,7 +133,7 @@ def test_a_pod_holds_exactly_the_train_workers_it_was_rendered_for(replicas, gpu
     elastic group that lost a pod restarts on the pods left (the hang the stand-in found)."""
     from submitter.render import render
     from submitter.contract.spec import JobSpec
-    from training.config import TrainConfig
+    from training.gpt2.config import TrainConfig
     from training.driver import train_resources
 
     spec = JobSpec.build(name="job", replicas=replicas, gpu_per_pod=gpus, cpu_per_pod=cpu,

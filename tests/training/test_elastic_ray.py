@@ -22,7 +22,7 @@ from submitter.contract import events as ev
 from submitter.contract import naming
 from tests.training.test_ray import (_args, _committed_checkpoint, _events, _pids_with_title,
                                     _run, _when)
-from training.elastic import RESIZE_INTERVAL_ENV
+from training.gpt2.elastic import RESIZE_INTERVAL_ENV
 
 pytestmark = pytest.mark.slow
 

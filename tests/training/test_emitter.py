@@ -9,8 +9,8 @@ import pytest
 
 from submitter.contract import events as ev
 from submitter.contract import naming
-from training.emitter import Emitter, FileSink, RunEmitter, StdoutSink
-from training.progress_configmap import ConfigMapSink
+from training.events.emitter import Emitter, FileSink, RunEmitter, StdoutSink
+from training.events.progress_configmap import ConfigMapSink
 
 
 def _clock():
@@ -177,7 +177,7 @@ def test_the_driver_tells_a_sink_problem_once_in_the_job_log(monkeypatch):
     """The emitter actor's ConfigMap sink cannot write: the driver's poller prints its one line
     (the job's log is the driver's stdout), however many events and polls follow."""
     ray = pytest.importorskip("ray")
-    from training.event_poller import EventPoller
+    from training.events.poller import EventPoller
 
     monkeypatch.setattr(ray, "get", lambda ref, **kw: ref)
     em = Emitter([ConfigMapSink("cm", "ns", api=FakeCoreV1(fail=True))])
@@ -196,7 +196,7 @@ def test_the_driver_tells_a_sink_problem_once_in_the_job_log(monkeypatch):
 def test_a_script_run_prints_each_event_and_a_sink_problem_once(monkeypatch, capsys):
     """The --script driver's output is its job log too: the same poller as the GPT-2 driver's."""
     ray = pytest.importorskip("ray")
-    from training import script_hooks
+    from training.script import hooks as script_hooks
 
     monkeypatch.setattr(ray, "get", lambda ref, **kw: ref)
     monkeypatch.setattr(script_hooks, "_poller", [])

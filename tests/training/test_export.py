@@ -17,12 +17,12 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from submitter.contract.errors import UsageError  # noqa: E402
-from training.checkpoint_io import load_state, save_state  # noqa: E402
-from training.export import (TOKENIZER_INFO, check_registered, export_checkpoint,  # noqa: E402
+from training.run.checkpoint_io import load_state, save_state  # noqa: E402
+from training.gpt2.export import (TOKENIZER_INFO, check_registered, export_checkpoint,  # noqa: E402
                              latest_checkpoint, prompt_from, sample_text)
-from training.model import (BETAS, MIN_LR_RATIO, build_model, build_optimizer,  # noqa: E402
+from training.gpt2.model import (BETAS, MIN_LR_RATIO, build_model, build_optimizer,  # noqa: E402
                             build_scheduler, gpt2_config)
-from training.tokens import BYTE_EOT_ID, byte_encoding  # noqa: E402
+from training.data.tokens import BYTE_EOT_ID, byte_encoding  # noqa: E402
 
 BYTE_VOCAB = 257
 
@@ -31,7 +31,7 @@ def _checkpoint(directory, vocab_rows: int = BYTE_VOCAB, steps: int = 2) -> "tor
     """Train a tiny GPT-2 a few steps and save its checkpoint as the loop does; returns the model."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 
-    from training.config import TrainConfig
+    from training.gpt2.config import TrainConfig
     from submitter.contract.spec import JobSpec
 
     torch.manual_seed(0)

@@ -1,9 +1,9 @@
 """FSDP2 with gradient accumulation gathers the parameters once per optimizer step (issue 28
-item 3): two processes over gloo, the tiny GPT-2, the loop's own `training.parallel.gradient_sync`.
+item 3): two processes over gloo, the tiny GPT-2, the loop's own `training.gpt2.parallel.gradient_sync`.
 `torch.distributed.all_gather_single` (what FSDP2 calls) is wrapped to count. The same batches
 also run through a second model with FSDP2's defaults (`gather_once` off: every micro-batch
 gathers each block in forward and again in backward): the counts differ as the docstring of
-training.parallel says, and the trained parameters do not.
+training.gpt2.parallel says, and the trained parameters do not.
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ def _worker(rank: int, world: int, rendezvous: str, out: str) -> None:
     from torch.distributed.fsdp import FSDPModule
     from torch.distributed.tensor import DTensor
 
-    from training.model import build_model, gpt2_config
-    from training.parallel import shard_fsdp
-    from training.precision import choose_precision
+    from training.gpt2.model import build_model, gpt2_config
+    from training.gpt2.parallel import shard_fsdp
+    from training.gpt2.precision import choose_precision
 
     gloo.join(rank, world, rendezvous)
     gathers = [0]
@@ -85,7 +85,7 @@ def test_fsdp2_gathers_each_unit_once_per_optimizer_step(tmp_path):
 
 
 def test_gather_once_only_where_the_unsharded_model_fits_an_eighth_of_the_card():
-    from training.parallel import gather_once_fits
+    from training.gpt2.parallel import gather_once_fits
 
     gpt2_small = 124_475_904
     assert gather_once_fits(gpt2_small, 2, 80 * 2**30)         # 250 MB of an H100's 80 GiB

@@ -13,7 +13,7 @@ import pytest
 
 from submitter.contract import events as ev
 from training import gpu_smoke as smoke
-from training import smoke_plan
+from training.smoke import plan as smoke_plan
 from submitter.contract.flops import PEAK_RULES, peak_for
 
 
@@ -149,7 +149,7 @@ def test_the_in_process_cases_take_the_plans_batch_and_the_shared_cache():
     plan = smoke_plan.plan_for_card("NVIDIA H100 80GB HBM3", 80.0, smoke.DEFAULT_CASES)
     for name in ("reference", "step", "ddp2"):
         argv = smoke.step_argv(smoke.BY_NAME[name], a, plan, 3, "bf16", "/w")
-        assert argv[1:5] == ["-m", "training.smoke_step", "--case", name]
+        assert argv[1:5] == ["-m", "training.smoke.step", "--case", name]
         assert argv[argv.index("--micro") + 1] == str(plan.micro)
         assert argv[argv.index("--accum") + 1] == str(plan.accumulation)
         assert argv[argv.index("--compile-cache") + 1] == "/w/shared"
@@ -245,7 +245,7 @@ def test_every_flag_the_script_passes_exists_in_the_entrypoint():
             assert set(flags) <= known, set(flags) - known
     assert smoke.has_flag("  [--compile STR] [--fsdp | --no-fsdp]", "--compile")
     assert not smoke.has_flag("  [--compile-cache STR]", "--compile")
-    from training.smoke_step import parse_args as step_args
+    from training.smoke.step import parse_args as step_args
 
     plan = smoke_plan.cpu_plan(smoke.DEFAULT_CASES)
     for name in ("reference", "step", "ddp2"):
@@ -255,14 +255,14 @@ def test_every_flag_the_script_passes_exists_in_the_entrypoint():
 
 def test_the_script_needs_neither_tests_nor_pytest():
     """`pip install ".[train]"` has no tests/ and no pytest: the script imports neither."""
-    for module in ("training/gpu_smoke.py", "training/smoke_step.py", "training/smoke_plan.py",
-                   "training/toolchain.py", "training/reference_gpt.py", "submitter/contract/flops.py"):
+    for module in ("training/gpu_smoke.py", "training/smoke/step.py", "training/smoke/plan.py",
+                   "training/smoke/toolchain.py", "training/smoke/reference_gpt.py", "submitter/contract/flops.py"):
         tree = ast.parse(open(os.path.join(os.path.dirname(smoke.__file__), "..", module)).read())
         names = {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
         names |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
         assert not {n for n in names if n.split(".")[0] in ("tests", "pytest")}, names
     code = ("import sys; sys.modules['pytest'] = None; sys.modules['tests'] = None; "
-            "import training.gpu_smoke as s, training.smoke_step as t; s.parse_args([]); "
+            "import training.gpu_smoke as s, training.smoke.step as t; s.parse_args([]); "
             "t.parse_args(['--case', 'step', '--micro', '1', '--accum', '1'])")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 

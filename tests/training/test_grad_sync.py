@@ -1,6 +1,6 @@
 """Gradient accumulation communicates once per optimizer step (issue #18 item 2).
 
-Two processes over gloo on CPU, the tiny GPT-2, the loop's own `training.parallel.gradient_sync`:
+Two processes over gloo on CPU, the tiny GPT-2, the loop's own `training.gpt2.parallel.gradient_sync`:
 - DDP: a comm hook counts the buckets all-reduced and their bytes on each micro-batch (one
   all-reduce of the gradient is one call per DDP bucket: 25 MB each, the first 1 MiB);
 - FSDP2: `torch.distributed.reduce_scatter_single` (what FSDP2 calls) is wrapped to count.
@@ -32,9 +32,9 @@ def _worker(rank: int, world: int, rendezvous: str, mode: str, out: str) -> None
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
     from torch.nn.parallel import DistributedDataParallel
 
-    from training.model import build_model, gpt2_config
-    from training.parallel import shard_fsdp
-    from training.precision import choose_precision
+    from training.gpt2.model import build_model, gpt2_config
+    from training.gpt2.parallel import shard_fsdp
+    from training.gpt2.precision import choose_precision
 
     gloo.join(rank, world, rendezvous)
     torch.manual_seed(0)
@@ -117,7 +117,7 @@ def test_fsdp2_reduce_scatters_once_per_unit_per_optimizer_step(tmp_path):
 def test_the_contract_counts_the_models_parameters():
     """The byte figure below uses the contract's formula: it must be the model's real count
     (with the padded vocabulary the model trains with)."""
-    from training.model import build_model, gpt2_config, padded_vocab
+    from training.gpt2.model import build_model, gpt2_config, padded_vocab
 
     for model, vocab, block in (("tiny", VOCAB, BLOCK), ("gpt2-small", 50257, 256)):
         n_layer, n_embd, _ = batch.MODEL_SHAPES[model]
@@ -126,7 +126,7 @@ def test_the_contract_counts_the_models_parameters():
 
 
 def test_default_gpu_step_sends_under_1_kb_of_gradients_per_token():
-    from training.model import padded_vocab
+    from training.gpt2.model import padded_vocab
 
     spec = JobSpec.build(name="j", replicas=8, gpu_per_pod=1)  # the issue's headline command
     plan = spec.batch_plan()

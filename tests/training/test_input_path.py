@@ -1,4 +1,4 @@
-"""training.input_path: a step's micro-batches in the source's order, a partial accumulation
+"""training.gpt2.input_path: a step's micro-batches in the source's order, a partial accumulation
 dropped before any copy, per-step wait accounting, CPU tensors unchanged; on CUDA, pinned
 buffers and side-stream copies one micro-batch ahead (gpu-marked)."""
 
@@ -11,7 +11,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from training.input_path import InputPath, Staged, WaitShare  # noqa: E402
+from training.gpt2.input_path import InputPath, Staged, WaitShare  # noqa: E402
 
 CPU = torch.device("cpu")
 

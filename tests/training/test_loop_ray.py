@@ -86,7 +86,7 @@ def test_compile_on_reports_its_cost_and_a_resumed_start_reuses_the_runs_cache(s
     `<run dir>/.compile-cache` (no inductor misses)."""
     import ray
 
-    from training.compiling import CACHE_DIR
+    from training.gpt2.compiling import CACHE_DIR
 
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
     common = ["--compile", "on", "--max-steps-per-epoch", "2", "--progress-every", "1"]

@@ -1,4 +1,4 @@
-"""The worker's micro-batch (training.microbatch): chosen from the device's free memory and the
+"""The worker's micro-batch (training.gpt2.microbatch): chosen from the device's free memory and the
 precision as the largest that fits and divides the worker's share; the loss weights that keep
 the step's loss a token mean when the shares (and accumulation) differ (issue 23 item 1).
 No GPU here: the free memory is injected; DDP's averaging runs over gloo on CPU."""
@@ -16,7 +16,7 @@ torch = pytest.importorskip("torch")
 from submitter.contract import batch  # noqa: E402
 from submitter.contract.spec import JobSpec  # noqa: E402
 from tests.support import gloo  # noqa: E402
-from training.microbatch import choose, sequences_that_fit_here, worker_batch  # noqa: E402
+from training.gpt2.microbatch import choose, sequences_that_fit_here, worker_batch  # noqa: E402
 
 GIB = 2**30
 CUDA = SimpleNamespace(type="cuda")  # what choose() reads of a device
@@ -115,8 +115,8 @@ def _ddp_rank(rank: int, world: int, rendezvous: str, out: str) -> None:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
-    from training.model import build_model, gpt2_config
-    from training.parallel import gradient_sync
+    from training.gpt2.model import build_model, gpt2_config
+    from training.gpt2.parallel import gradient_sync
 
     gloo.join(rank, world, rendezvous)
     torch.manual_seed(0)
@@ -141,7 +141,7 @@ def _ddp_rank(rank: int, world: int, rendezvous: str, out: str) -> None:
 
 @pytest.mark.slow  # 2 + 3 processes, each importing torch and transformers
 def test_a_resize_that_changes_the_micro_batch_keeps_the_step_gradient_and_loss(tmp_path):
-    from training.model import build_model, gpt2_config
+    from training.gpt2.model import build_model, gpt2_config
 
     torch.manual_seed(0)
     model = build_model(gpt2_config("tiny", VOCAB, EOT, BLOCK))

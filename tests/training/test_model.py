@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from training.model import (PRESETS, build_model, build_optimizer, count_parameters, decays,
+from training.gpt2.model import (PRESETS, build_model, build_optimizer, count_parameters, decays,
                             expected_parameters, gpt2_config, padded_vocab, unpad_state_dict)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from submitter.contract.errors import StoragePolicyError
-from training.mounts import (check_storage_in_container, check_storage_here, is_shared,
+from training.run.mounts import (check_storage_in_container, check_storage_here, is_shared,
                              mount_for, parse_mountinfo)
 
 # A Ray worker pod: overlay root, tmpfs, an NFS ReadWriteMany PVC and an ext4 RWO volume.

@@ -19,7 +19,7 @@ from submitter.contract import events as ev
 from submitter.contract import naming
 from tests.conftest import ROOT
 from tests.training.test_ray import _args, _our_workers
-from training.object_store import ObjectStoreSink
+from training.run.object_store import ObjectStoreSink
 
 
 class _Clock:
@@ -162,7 +162,7 @@ def test_a_big_text_file_in_a_bucket_is_read_in_line_aligned_ranges(s3_server, m
     are the object's lines (the Ray tasks call read_line_ranges the same way)."""
     import numpy as np
 
-    import training.data as data
+    import training.data.pipeline as data
 
     s3_server.make_bucket("bkt")
     text = "".join(f"row {i} {'é' * (i % 5)}\n" for i in range(2000)).encode()

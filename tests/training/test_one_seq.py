@@ -9,7 +9,7 @@ import os
 import threading
 
 from submitter.contract import naming
-from training.emitter import Emitter, FileSink, RunEmitter
+from training.events.emitter import Emitter, FileSink, RunEmitter
 
 WRITERS, THREADS, EVENTS = 4, 2, 40
 PROGRESS = {"epoch": 1, "loss": 1.0, "lr": 1e-3, "tokens_per_sec": 1.0}
@@ -101,7 +101,7 @@ def test_opening_tensorboard_twice_on_one_run_directory_is_harmless(tmp_path, mo
     with a duplicate seq)."""
     import tensorboardX.record_writer as rw
 
-    from training.trackers import TENSORBOARD_DIR, RunInfo, TensorBoard
+    from training.events.trackers import TENSORBOARD_DIR, RunInfo, TensorBoard
 
     real = os.makedirs
 

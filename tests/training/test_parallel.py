@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from tests.support import gloo
-from training.model import build_model, build_optimizer, gpt2_config
-from training.parallel import comm_hook_name, shard_fsdp
-from training.precision import bf16_native, choose_precision
+from training.gpt2.model import build_model, build_optimizer, gpt2_config
+from training.gpt2.parallel import comm_hook_name, shard_fsdp
+from training.gpt2.precision import bf16_native, choose_precision
 
 VOCAB, EOT, BLOCK = 257, 256, 32
 
@@ -122,7 +122,7 @@ def test_the_bf16_compress_hook_exists_where_we_look_it_up():
 def test_fsdp_fp16_steps_with_the_sharded_scaler_unscaled_before_the_clip(one_rank_group):
     """fp16 under FSDP2: ShardedGradScaler handles the DTensor gradients; after unscale_ the
     clip sees the true norm (the same as an unscaled fp32 backward's, roughly), not 65536x."""
-    from training.precision import Precision, make_scaler
+    from training.gpt2.precision import Precision, make_scaler
 
     fp16 = Precision("fp16", "fp16", "test")
     model = shard_fsdp(_model(), fp16)

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from training.gpu_check import _probe
-from training.parallel import comm_hook_name
-from training.precision import bf16_native, configure_matmul, make_scaler, precision_here
+from training.gpt2.parallel import comm_hook_name
+from training.gpt2.precision import bf16_native, configure_matmul, make_scaler, precision_here
 
 #: name, compute capability; torch's own is_bf16_supported says True for all of them
 #: (emulation counts by default) and False without emulation below sm80.
@@ -78,7 +78,7 @@ def test_fp32_means_fp32_on_every_gpu(gpu, kind):
 
 @pytest.mark.parametrize("kind", ["T4", "V100"])
 def test_bf16_is_refused_where_it_is_only_emulated(gpu, kind):
-    from training.precision import PrecisionError
+    from training.gpt2.precision import PrecisionError
 
     gpu(kind)
     with pytest.raises(PrecisionError, match="fp16"):

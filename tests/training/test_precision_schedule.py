@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from training.model import lr_factor
-from training.precision import PrecisionError, choose_precision
-from training.schedule import LRPlan, first_plan, resumed_plan
+from training.gpt2.model import lr_factor
+from training.gpt2.precision import PrecisionError, choose_precision
+from training.gpt2.schedule import LRPlan, first_plan, resumed_plan
 
 
 @pytest.mark.parametrize("requested, device, bf16, expected", [
@@ -122,7 +122,7 @@ def test_gpu_jobs_on_the_wrong_image_fail_with_the_fix():
 
 
 def test_each_epoch_and_rank_gets_its_own_stable_shuffle_seed():
-    from training.loop import shuffle_seed
+    from training.gpt2.loop import shuffle_seed
 
     seeds = {shuffle_seed(1337, e, r) for e in range(5) for r in range(4)}
     assert len(seeds) == 20
@@ -131,10 +131,10 @@ def test_each_epoch_and_rank_gets_its_own_stable_shuffle_seed():
 
 def test_the_run_plan_estimates_steps_caps_them_and_says_so():
     from submitter.contract.spec import JobSpec
-    from training.config import TrainConfig
-    from training.data import Corpus
+    from training.gpt2.config import TrainConfig
+    from training.data.pipeline import Corpus
     from training.run_plan import plan_run
-    from training.tokens import TokenizerSpec
+    from training.data.tokens import TokenizerSpec
 
     def plan(corpus, **settings):
         cfg = TrainConfig.from_spec(JobSpec.build(name="p", model="tiny", **settings), "/x")
@@ -157,10 +157,10 @@ def test_the_run_plan_estimates_steps_caps_them_and_says_so():
 
 def test_an_unknown_data_size_plans_a_long_first_epoch():
     from submitter.contract.spec import JobSpec
-    from training.config import TrainConfig
-    from training.data import Corpus
+    from training.gpt2.config import TrainConfig
+    from training.data.pipeline import Corpus
     from training.run_plan import UNKNOWN_STEPS_PER_EPOCH, UNKNOWN_WARMUP, plan_run
-    from training.tokens import TokenizerSpec
+    from training.data.tokens import TokenizerSpec
 
     cfg = TrainConfig.from_spec(JobSpec.build(name="p", model="tiny"), "/x")
     p = plan_run(cfg, Corpus(None, None, "x"), TokenizerSpec("byte"), 64, lambda line: None)
@@ -191,10 +191,10 @@ def test_data_shorter_than_one_step_fails_before_training_naming_both_sizes():
     """Issue 23: zero steps used to "succeed" (train_loss 0.0, an untrained model exported)."""
     from submitter.contract.errors import SpecError
     from submitter.contract.spec import JobSpec
-    from training.config import TrainConfig
-    from training.data import Corpus
+    from training.gpt2.config import TrainConfig
+    from training.data.pipeline import Corpus
     from training.run_plan import plan_run
-    from training.tokens import TokenizerSpec
+    from training.data.tokens import TokenizerSpec
 
     cfg = TrainConfig.from_spec(JobSpec.build(name="p", model="tiny", replicas=2,
                                               batch_size_per_worker=2, global_batch_size=128,

@@ -9,7 +9,7 @@ import signal
 import pytest
 
 from tests.support import gloo
-from training import preempt
+from training.run import preempt
 
 
 @pytest.fixture
@@ -79,7 +79,7 @@ def test_the_preemption_checkpoint_ranks_last_but_is_kept_as_the_latest():
 
 def test_checkpoint_saved_says_registered_and_why():
     pytest.importorskip("ray.train")
-    from training.checkpoint_events import event_fields
+    from training.run.checkpoint_events import event_fields
 
     local = event_fields({"epoch": 2, "step": 80, "val_loss": 1.5, "epoch_done": True},
                          "/data/runs/j/checkpoint_epoch002_step0000080", "/data/runs/j")
@@ -99,7 +99,7 @@ def test_a_snapshot_on_cpu_does_not_change_when_training_goes_on():
     """The async save writes the state after the loop moved on: on CPU the gathered state dict
     holds the live tensors, so the snapshot must own copies."""
     torch = pytest.importorskip("torch")
-    from training.checkpoint_io import snapshot
+    from training.run.checkpoint_io import snapshot
 
     weight = torch.zeros(3)
     state = snapshot({"model": {"w": weight}, "optimizer": [weight], "step": 4}, "cpu")
@@ -114,7 +114,7 @@ def test_a_snapshot_on_cpu_does_not_change_when_training_goes_on():
     (0.0, 30.0, False), (1799.9, 30.0, False), (1800.0, 30.0, True), (10**6, 0.0, False),
     (0.06, 0.001, True), (0.05, 0.001, False)])
 def test_a_timed_checkpoint_is_due_after_its_minutes_of_wall_time(since, minutes, due):
-    from training.checkpoint_io import interval_due
+    from training.run.checkpoint_io import interval_due
 
     assert interval_due(since, minutes) is due
 
@@ -225,7 +225,7 @@ class _NoPoller:
 def _gate_rank(rank: int, world: int, rendezvous: str, signal_at: int, out) -> None:
     """One rank of a 2-process gloo group: 12 steps through a StepGate; rank 1 gets the request
     during step `signal_at` (after the step began). Puts (rank, step it stopped at)."""
-    from training import preempt as p
+    from training.run import preempt as p
 
     gloo.join(rank, world, rendezvous)
     gate = p.StepGate()
@@ -305,7 +305,7 @@ def test_exit_143_is_never_held_up_by_a_tracker(monkeypatch):
 
     from submitter.contract.shutdown import exit_chain
     from training.driver import _preempted
-    from training.event_poller import EventPoller
+    from training.events.poller import EventPoller
 
     timeouts = []
 
@@ -334,7 +334,7 @@ def test_a_poll_stuck_on_a_busy_actor_never_holds_the_way_out(monkeypatch):
 
     import ray
 
-    from training.event_poller import EventPoller
+    from training.events.poller import EventPoller
 
     inside, waits = threading.Event(), []
 
@@ -365,7 +365,7 @@ def test_the_next_save_waits_for_the_upload_in_flight_never_queues_a_second_copy
     import threading
     from concurrent.futures import ThreadPoolExecutor
 
-    from training.upload_slot import UploadSlot
+    from training.run.upload_slot import UploadSlot
 
     slot, pool = UploadSlot(), ThreadPoolExecutor(max_workers=1)  # Ray's upload thread
     gate, copies, most = threading.Event(), [], []

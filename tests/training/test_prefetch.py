@@ -1,4 +1,4 @@
-"""training.loop.Prefetched: the first batch is fetched in the background while the model is
+"""training.gpt2.loop.Prefetched: the first batch is fetched in the background while the model is
 built; what the loop sees is the source's items, in order, with errors raised in its thread."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from training.loop import Prefetched
+from training.gpt2.loop import Prefetched
 
 
 def test_items_arrive_in_order_and_the_first_one_was_fetched_in_another_thread():

@@ -25,9 +25,9 @@ from tests.submitter.test_watch import NAME, watched
 from submitter.contract import events as ev
 from submitter.contract import naming
 from submitter.contract.naming import ENV_NAMESPACE, ENV_PROGRESS_CONFIGMAP as ENV_CONFIGMAP
-from training import progress_configmap
-from training.emitter import Emitter, FileSink, StdoutSink, run_sinks
-from training.progress_configmap import ConfigMapSink
+from training.events import progress_configmap
+from training.events.emitter import Emitter, FileSink, StdoutSink, run_sinks
+from training.events.progress_configmap import ConfigMapSink
 
 NAMESPACE = "team"  # not the kubeconfig's namespace: the sink must use the one it is given
 PROGRESS = f"{NAME}-progress"

@@ -10,7 +10,7 @@ import pytest
 from submitter.contract import events as ev
 from submitter.contract import naming
 from submitter.contract.spec import JobSpec
-from training.run_identity import (LOCK_FILE, RUN_FILE, RunFinished, RunLock, RunLocked,
+from training.run.identity import (LOCK_FILE, RUN_FILE, RunFinished, RunLock, RunLocked,
                                    RunMismatch, check_not_finished, claim_run, identity,
                                    run_storage_path)
 
@@ -164,7 +164,7 @@ def test_two_local_runs_with_the_default_name_cannot_share_a_directory_silently(
     lock; once the first ended, the second continues the same run (or is refused if its
     settings differ)."""
     from submitter.contract.spec import LOCAL_DEFAULTS
-    from training.config import TrainConfig
+    from training.gpt2.config import TrainConfig
     from training.driver import claim_run_dir
 
     spec = JobSpec.build({**LOCAL_DEFAULTS, "storage_path": str(tmp_path), "tokenizer": "byte"})

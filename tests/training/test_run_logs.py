@@ -13,8 +13,8 @@ import pytest
 from submitter.contract import naming
 from submitter.contract import run_logs as names
 from submitter.contract.run_logs import MASK, Redactor
-from training import run_logs
-from training.emitter import Emitter, FileSink
+from training.run import logs as run_logs
+from training.events.emitter import Emitter, FileSink
 
 SECRET = "s3cr3t-v4lue-do-not-print"
 ENV = {"AWS_SECRET_ACCESS_KEY": SECRET, "HF_TOKEN": "hf_abcdefghijkl", "PLAIN": "plain-value",

@@ -11,8 +11,8 @@ import pytest
 
 from submitter.contract import code
 from submitter.contract.spec import JobSpec
-from training import script_hooks as hooks
-from training.run_identity import RunMismatch
+from training.script import hooks
+from training.run.identity import RunMismatch
 from training.run_script import claim_code, inject_runtime_env, runtime_env
 
 
@@ -153,7 +153,7 @@ def test_a_second_driver_of_the_same_run_is_refused_and_a_refusal_frees_the_lock
     from submitter.code_plan import local_code_env
     from submitter.contract.naming import ENV_JOB
     from submitter.local import local_spec
-    from training.run_identity import LOCK_FILE, RunLock
+    from training.run.identity import LOCK_FILE, RunLock
     from training.run_script import main
 
     (tmp_path / "train.py").write_text("print('ran')\n")

@@ -1,14 +1,14 @@
 """The smoke run's plan by card (#24 item 6): every card's plan fits one call's time budget,
 the default run's step unless a step would be too slow, what each card drops and why; and the
-C-compiler check's message (training.toolchain)."""
+C-compiler check's message (training.smoke.toolchain)."""
 
 from __future__ import annotations
 
 import pytest
 
 from submitter.contract.flops import PEAK_RULES
-from training import smoke_plan as sp
-from training import toolchain
+from training.smoke import plan as sp
+from training.smoke import toolchain
 
 ALL = ("reference", "step", "ddp-compiled", "resume", "ddp2", "fsdp-compiled")
 #: (device name as torch says it, memory GiB)
@@ -99,7 +99,7 @@ def test_the_cpu_plan_gives_every_case_a_share_of_its_budget():
 
 
 def test_gpt2_small_in_the_plan_is_the_models_size():
-    from training.model import PRESETS, expected_parameters
+    from training.gpt2.model import PRESETS, expected_parameters
 
     p = PRESETS["gpt2-small"]
     assert sp.GPT2_SMALL == {"params": expected_parameters("gpt2-small", 50257), "n_layer": p.n_layer,

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from training import smoke_step
+from training.smoke import step as smoke_step
 
 
 def _args(case: str, **kw) -> object:
@@ -34,7 +34,7 @@ def test_a_case_times_the_plans_batch_at_the_same_shapes(case):
 def test_both_models_have_the_same_parameters_and_the_reference_is_nanogpts():
     import torch
 
-    from training.reference_gpt import build_reference, next_token_targets
+    from training.smoke.reference_gpt import build_reference, next_token_targets
 
     ref = smoke_step.run_steps("reference", _args("reference"))
     own = smoke_step.run_steps("step", _args("step"))
@@ -60,7 +60,7 @@ def test_ddp2_needs_an_even_number_of_micro_batches(capsys):
 
 @pytest.mark.slow
 def test_ddp2_runs_two_processes_that_agree():
-    proc = subprocess.run([sys.executable, "-m", "training.smoke_step", "--case", "ddp2", "--micro", "2",
+    proc = subprocess.run([sys.executable, "-m", "training.smoke.step", "--case", "ddp2", "--micro", "2",
                            "--accum", "4", "--steps", "2", "--compile", "off", "--cpu"],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
@@ -70,4 +70,4 @@ def test_ddp2_runs_two_processes_that_agree():
     out = json.loads(line[len(smoke_step.RESULT_PREFIX):])
     assert (out["world"], out["parallel"], out["backend"]) == (2, "ddp", "gloo")
     assert out["tokens_per_step"] == 2 * 128 * 4 and out["weights_agree"] is True
-    assert out["grad_compression"] is None  # CPU: the hook is CUDA's (training.parallel)
+    assert out["grad_compression"] is None  # CPU: the hook is CUDA's (training.gpt2.parallel)

@@ -9,7 +9,7 @@ import pytest
 
 from submitter.contract.naming import ENV_GPT2_BPE
 from tests.conftest import shared_file
-from training.tokens import (BYTE_EOT_ID, GPT2_EOT_ID, TokenizerSpec, baked_bpe_file,
+from training.data.tokens import (BYTE_EOT_ID, GPT2_EOT_ID, TokenizerSpec, baked_bpe_file,
                              byte_encoding, get_encoding, is_title, is_validation_block, resolve_tokenizer,
                              tokenize_and_chunk)
 

@@ -1,4 +1,4 @@
-"""The trackers (training.trackers) behind the run's emitter, without Ray: the same Emitter, the
+"""The trackers (training.events.trackers) behind the run's emitter, without Ray: the same Emitter, the
 same sinks a run builds (events.jsonl + TrackerSink), fed the events a run sends. Real
 backends: TensorBoard event files read back with TensorBoard's own EventAccumulator, MLflow
 against a `file:` store and against a real `mlflow server` on 127.0.0.1, W&B in offline mode."""
@@ -15,11 +15,11 @@ import time
 import pytest
 
 from submitter.contract.errors import UsageError
-from training import trackers as tr
+from training.events import trackers as tr
 from tests.support.s3 import _free_port
 from tests.support.tensorboard import scalars as _scalars
 from tests.training.test_parallel import _model, one_rank_group  # noqa: F401 - a fixture
-from training.emitter import Emitter, events_sink, run_sinks
+from training.events.emitter import Emitter, events_sink, run_sinks
 
 FAST = (0.05, 0.1, 0.2)
 
@@ -49,7 +49,7 @@ def _session(em: Emitter, steps: list[int], *, start: bool = True, world: int = 
                 block_size=256)
     em.worker_group_started(None, epoch=1, step=steps[0] - 1, world_size=world)
     for s in steps:
-        first = {"world_size": world} if s == steps[0] else {}  # as training.loop sends it
+        first = {"world_size": world} if s == steps[0] else {}  # as training.gpt2.loop sends it
         em.emit("progress", epoch=1, step=s, loss=loss0 - s / 100, tokens_per_sec=1000.0 + s,
                 lr=1e-3, data_wait_fraction=0.01, grad_norm=0.5, **first)
     if epoch_end is not None:
@@ -293,7 +293,7 @@ def test_a_failing_backend_is_retried_in_order_and_warned_about_once(tmp_path, c
     _job(run_dir)
     flaky = _Flaky(failures=4)
     em = Emitter([tr.TrackerSink(run_dir, {}, [], backends=[flaky], backoff=FAST)], [])
-    with caplog.at_level("WARNING", logger="training.trackers"):
+    with caplog.at_level("WARNING", logger="training.events.trackers"):
         _session(em, [1, 10, 20], finish="ok")
     assert flaky.logged == [1, 10, 20] and flaky.closed is True
     assert sum("tracker flaky failed" in r.getMessage() for r in caplog.records) == 1
@@ -447,9 +447,9 @@ def test_the_grad_norm_reads_as_a_float_under_fsdp_and_plain(one_rank_group):
     """What the loop puts in progress events: FSDP2's norm is a DTensor (its full value)."""
     import torch
 
-    from training.loop import _norm_value
-    from training.parallel import shard_fsdp
-    from training.precision import choose_precision
+    from training.gpt2.loop import _norm_value
+    from training.gpt2.parallel import shard_fsdp
+    from training.gpt2.precision import choose_precision
 
     assert _norm_value(None) is None
     for model in (_model(), shard_fsdp(_model(), choose_precision("fp32", "cpu", False))):

@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from submitter.contract.errors import StoragePolicyError
-from training.mounts import PROBE_PREFIX, check_writable
+from training.run.mounts import PROBE_PREFIX, check_writable
 
 NOBODY = 65534
 
@@ -52,7 +52,7 @@ def test_a_read_only_volume_says_so():
 PROBE_AS = """
 import errno, json, os, stat, sys
 from submitter.contract.errors import StoragePolicyError
-from training.mounts import check_writable
+from training.run.mounts import check_writable
 os.setgroups([]); os.setgid(%d); os.setuid(%d)  # imports first: the venv may be root's alone
 try:
     check_writable(sys.argv[1])
@@ -98,7 +98,8 @@ def _probe_as_nobody(storage) -> None:
 def test_the_entrypoint_fails_before_ray_starts(storage, monkeypatch, capsys):
     """`python -m training` refuses the run at its first step: exit 2, one line, Ray never
     started (prepare_run comes before the run)."""
-    from training import __main__ as entry, driver, mounts
+    from training import __main__ as entry, driver
+    from training.run import mounts
 
     real = mounts.check_writable
     monkeypatch.setattr(mounts, "check_writable", lambda path: real(path, probe=_denied, uid=1000, gid=100))

@@ -212,7 +212,7 @@ def checked_run_root(spec: Any, environ: Mapping[str, str]) -> tuple[str, str]:
     is an object store), and the root of its runs there (`<storage>/<namespace>` in a
     cluster: same name, other namespace, other run). Returns (root, a line saying where
     checkpoints go); StoragePolicyError with one line otherwise."""
-    from training.run_identity import run_storage_path
+    from training.run.identity import run_storage_path
 
     path, line = check_storage_here(spec.resolved_storage_path, spec.storage_mount,
                                     spec.allow_ephemeral_storage, environ,

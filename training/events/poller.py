@@ -1,7 +1,7 @@
 """The driver's view of the run's emitter actor: this session's events as they arrive (the
 driver's output, what `submit --local` and `submitter logs` read), and each sink's problem
 (a ConfigMap it cannot write, and why) said once. One for both drivers: `python -m training`
-and a --script run's (training.script_hooks)."""
+and a --script run's (training.script.hooks)."""
 
 from __future__ import annotations
 

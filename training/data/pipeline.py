@@ -16,7 +16,7 @@ Start-up never waits for a pass over the data:
   (`estimate_blocks`: text bytes from file sizes, Parquet metadata or the Arrow table, times
   tokens per byte measured on a sample), never counted with `Dataset.count()` (which runs the
   whole tokenizing pipeline before step 1). The loop re-plans the schedule from the current LR
-  when the first epoch ends and the real figure is known (training.schedule), so an estimate
+  when the first epoch ends and the real figure is known (training.gpt2.schedule), so an estimate
   that is off costs a little schedule shape, never a jump.
 """
 
@@ -31,7 +31,7 @@ from typing import Any, Optional
 import numpy as np
 
 from submitter.contract.naming import OFFLINE_DATASET
-from training.tokens import TokenizerSpec, get_encoding, is_validation_block, tokenize_and_chunk
+from training.data.tokens import TokenizerSpec, get_encoding, is_validation_block, tokenize_and_chunk
 
 #: Rows per tokenization task: big enough to amortize, small enough to stream.
 ROWS_PER_BATCH = 512
@@ -47,7 +47,7 @@ HUB_BLOCK_BYTES = 16 * 1024 * 1024
 #: Text read to measure tokens per byte.
 SAMPLE_BYTES = 256 * 1024
 #: A single text file bigger than this is read (and tokenized) in ranges of this size, in
-#: parallel (training.data.read_text); in an object store, ranges are bigger: finding each
+#: parallel (training.data.pipeline.read_text); in an object store, ranges are bigger: finding each
 #: range's first line is one request made before training starts.
 TEXT_RANGE_BYTES = 2 * 1024 * 1024
 OBJECT_STORE_TEXT_RANGE_BYTES = 32 * 1024 * 1024

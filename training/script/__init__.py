@@ -1,4 +1,6 @@
-"""What a user's own Ray Train script may import from the image (stdlib only, cheap to import).
+"""A user's own Ray Train script (`--script`): what it may import from the image, here (stdlib
+only, cheap to import), and `hooks`, the GPT-2 job's guarantees given to the script from outside
+it (storage, events, preemption). The runner is `python -m training.run_script`.
 
     from training.script import should_stop, Preempted
 
@@ -22,9 +24,9 @@ from __future__ import annotations
 import sys
 import threading
 
-from training import preempt
+from training.run import preempt
 
-#: The run's event hub, a named actor in the job's Ray namespace (training.script_hooks).
+#: The run's event hub, a named actor in the job's Ray namespace (training.script.hooks).
 HUB_NAME = "submitter-script-events"
 #: Set by the first `should_stop()`: the hub is asked by one thread per process at most.
 _following = threading.Event()
@@ -62,6 +64,6 @@ def _poll_hub(ray: object, every: float) -> None:
 
 
 def worker_setup() -> None:
-    """Ray's `worker_process_setup_hook` for script jobs: SIGTERM goes through training.preempt,
+    """Ray's `worker_process_setup_hook` for script jobs: SIGTERM goes through training.run.preempt,
     which keeps Ray's "exit now" for processes that never asked `should_stop()`."""
     preempt.install_in_ray_worker()

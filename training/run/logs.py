@@ -26,7 +26,7 @@ from typing import Any, Callable, Mapping, Optional
 
 from submitter.contract import run_logs as names
 from submitter.contract.run_logs import Redactor, secret_names_of
-from training.run_identity import is_local, join
+from training.run.identity import is_local, join
 
 
 class LogStore:
@@ -38,7 +38,7 @@ class LogStore:
         if self.local:
             self.path = self.uri  # join() gave a plain path
         else:
-            from training.object_store import split_uri
+            from training.run.object_store import split_uri
 
             self.fs, self.path = split_uri(self.uri)
             self.path = self.path.split("?")[0].rstrip("/")

@@ -27,7 +27,7 @@ import shutil
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 from submitter.contract.errors import UsageError
-from training.checkpoint_io import STATE_FILE, load_state
+from training.run.checkpoint_io import STATE_FILE, load_state
 
 #: The prompt of a sample when the run's data gives none, and how many tokens a sample adds.
 SAMPLE_PROMPT = "The "
@@ -147,7 +147,7 @@ def hf_model(state: Mapping[str, Any], vocab_size: Optional[int] = None):
 
 
 def encoding_for(tok: Mapping[str, Any]):
-    from training.tokens import TokenizerSpec, get_encoding
+    from training.data.tokens import TokenizerSpec, get_encoding
 
     spec = (TokenizerSpec("bpe-file", tok["bpe_file"]) if tok["kind"] == "bpe-file"
             else TokenizerSpec(tok["kind"]))
@@ -238,7 +238,7 @@ def export_run_end(checkpoint: Any, target: str, run_record: Optional[Mapping[st
     sample continuing `prompt` (taken from the run's data)."""
     import tempfile
 
-    from training.run_identity import is_local
+    from training.run.identity import is_local
 
     with checkpoint.as_directory() as d:
         if is_local(target):
@@ -272,7 +272,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str]) -> int:
-    from training.run_identity import RUN_FILE, read_json
+    from training.run.identity import RUN_FILE, read_json
 
     ns = build_parser().parse_args(list(argv))
     storage = ns.storage_path

@@ -61,7 +61,7 @@ SLOW_CARD_TFLOPS, SLOW_COMPILE_FACTOR = 150.0, 2.0
 #: Memory two processes of the ddp2 case need at least (GiB): two copies of the model's state
 #: and activations; below it the case is skipped ("where the card allows it").
 DDP2_MIN_GIB = 24.0
-#: gpt2-small's shapes (training.model.PRESETS holds the same figures; a test holds them together),
+#: gpt2-small's shapes (training.gpt2.model.PRESETS holds the same figures; a test holds them together),
 #: its vocabulary padded to 50,304 as the model pads it.
 GPT2_SMALL = {"params": param_count(12, 768, 50_304, 256), "n_layer": 12, "n_embd": 768, "block": 256}
 
@@ -107,7 +107,7 @@ def default_batch(memory_gib: Optional[float] = None) -> tuple[int, int]:
     block = GPT2_SMALL["block"]
     r = resolve(gpu=True, model="gpt2-small", block=block, micro=None, global_batch=None,
                 min_workers=1, max_workers=1)
-    if memory_gib is not None:  # the worker's rule: what this card has free (training.microbatch)
+    if memory_gib is not None:  # the worker's rule: what this card has free (training.gpt2.microbatch)
         r = dataclasses.replace(r, fits=sequences_that_fit("gpt2-small", block, memory_gib * 2**30))
     p = r.plan(1, block)
     return p.micro_batch, p.accumulation

@@ -4,7 +4,7 @@ cache on the run's storage.
 What is compiled (`compile_model`), by layout:
 - one GPU and DDP: the whole model and the loss as ONE region (`model.compile()`, as nanoGPT
   compiles its model): embeddings, the 12 blocks, `ln_f` and the fused loss
-  (`training.loss.lm_loss`, traced inline) in one graph, so inductor fuses across block
+  (`training.gpt2.loss.lm_loss`, traced inline) in one graph, so inductor fuses across block
   boundaries and the loss's log-softmax into the kernels around the LM-head matmuls. It is
   compiled in place before DDP wraps the model: DDP then calls the compiled module, and dynamo,
   seeing the call inside DDP's forward, splits the graph at DDP's bucket boundaries
@@ -42,7 +42,7 @@ import os
 from typing import Any, Optional
 
 from submitter.contract.spec import COMPILE_MODES
-from training.run_identity import is_local, join
+from training.run.identity import is_local, join
 
 #: Inductor's cache directory under a run directory on a filesystem.
 CACHE_DIR = ".compile-cache"
@@ -86,7 +86,7 @@ def compile_model(model: Any, *, per_block: bool = False, backend: str = "induct
     here, from the card, so that tracing reads it as a constant."""
     import torch
 
-    from training.loss import lm_loss, loss_budget_bytes
+    from training.gpt2.loss import lm_loss, loss_budget_bytes
 
     if getattr(model, "loss_budget", 0) is None:
         model.loss_budget = loss_budget_bytes()
@@ -169,7 +169,7 @@ class CompileCache:
 def _read_object(uri: str) -> Optional[bytes]:
     from pyarrow import fs
 
-    from training.object_store import split_uri
+    from training.run.object_store import split_uri
 
     filesystem, path = split_uri(uri)
     if filesystem.get_file_info(path).type == fs.FileType.NotFound:
@@ -179,7 +179,7 @@ def _read_object(uri: str) -> Optional[bytes]:
 
 
 def _write_object(uri: str, data: bytes) -> None:
-    from training.object_store import split_uri
+    from training.run.object_store import split_uri
 
     filesystem, path = split_uri(uri)
     with filesystem.open_output_stream(path) as f:

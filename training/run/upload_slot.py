@@ -1,6 +1,6 @@
 """At most one checkpoint upload in flight: back-pressure for the async save.
 
-An async save (training/loop.py `save`) copies the whole state into host memory (~1.6 GB for
+An async save (training/gpt2/loop.py `save`) copies the whole state into host memory (~1.6 GB for
 gpt2-small with AdamW) and hands the copy to Ray Train's upload thread, whose queue has no
 bound. Uploads slower than the checkpoint cadence would pile copies up until rank 0 is
 OOM-killed. So rank 0 holds this slot from the hand-off until the upload function returns, and

@@ -2,7 +2,7 @@
 
 A run's total number of optimizer steps is not always known at step 1 and may change later:
 - the driver estimates the steps per epoch from the data's size instead of a counting pass
-  (see training.data.estimate_blocks), and learns the real number when the first epoch ends;
+  (see training.data.pipeline.estimate_blocks), and learns the real number when the first epoch ends;
 - a finished run may be extended with more `--epochs`.
 In both cases the plan is stored in the checkpoint (`LRPlan.to_dict`) and `replan(step, total)`
 keeps the schedule continuous: from `step` on, a cosine runs from the factor the old plan had

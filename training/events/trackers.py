@@ -1,7 +1,7 @@
 """The run's metrics where ML engineers already look: TensorBoard always, MLflow and Weights &
 Biases when their own environment variables ask for them.
 
-One writer per run: the run's emitter (training.emitter, the driver's actor) already receives
+One writer per run: the run's emitter (training.events.emitter, the driver's actor) already receives
 every metric rank 0 reports, so the trackers hang off it as one more sink (`TrackerSink`) and
 the training step pays nothing for them. Each backend runs in a thread of its own behind a
 queue, so a slow or absent server never blocks the emitter: a call that fails is retried with
@@ -42,10 +42,10 @@ from submitter.contract import events as ev
 from submitter.contract.errors import UsageError
 from submitter.contract.tracking import tracker_env_problem
 from submitter.contract.flops import mfu, peak_for, preset_flops_per_token
-from training.object_store import split_uri
-from training.run_identity import RUN_FILE, is_local, join, read_json
+from training.run.object_store import split_uri
+from training.run.identity import RUN_FILE, is_local, join, read_json
 
-log = logging.getLogger("training.trackers")
+log = logging.getLogger("training.events.trackers")
 
 TENSORBOARD_DIR = "tensorboard"
 MLFLOW_FILE = "mlflow.json"
@@ -638,7 +638,7 @@ def _local_copy(uri: str) -> tuple[str, bool]:
 
 
 class TrackerSink:
-    """An emitter sink (training.emitter.Sink): events -> metric points -> every backend's
+    """An emitter sink (training.events.emitter.Sink): events -> metric points -> every backend's
     worker. `bind(emit)` gives it the emitter, for the tracker_failed/recovered events."""
 
     def __init__(self, run_dir: str, environ: Mapping[str, str],

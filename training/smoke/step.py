@@ -1,15 +1,15 @@
 """Optimizer steps timed without Ray: the smoke run's in-process cases (training.gpu_smoke).
 
-    python -m training.smoke_step --case reference|step|ddp2 --micro M --accum A
+    python -m training.smoke.step --case reference|step|ddp2 --micro M --accum A
                                   [--steps 3] [--warmup 1] [--compile on|off] [--cpu]
 
-- `reference`: the nanoGPT-style model (training.reference_gpt), `torch.compile` of the whole
+- `reference`: the nanoGPT-style model (training.smoke.reference_gpt), `torch.compile` of the whole
   model, plain cross-entropy on the low-precision logits, fused AdamW, clip 1.0.
-- `step`: the project's own pieces: `build_model` + `compile_model` (training.compiling) +
+- `step`: the project's own pieces: `build_model` + `compile_model` (training.gpt2.compiling) +
   `build_optimizer`, the run's precision (autocast, GradScaler under fp16, TF32) and loss, the
   same accumulation and clip as the training loop; no Ray, no data pipeline.
 - `ddp2`: the `step` in 2 processes on ONE device (gloo carries the gradients), wrapped in DDP
-  with the compression hook the run would register (training.parallel.comm_hook_name) and
+  with the compression hook the run would register (training.gpt2.parallel.comm_hook_name) and
   `gradient_sync` (no_sync on all micro-batches but the last): what a one-GPU smoke run
   otherwise never exercises. Each rank takes half the step's micro-batches; the case fails
   when the ranks' weights differ after the steps.
@@ -36,7 +36,7 @@ LR, WEIGHT_DECAY, CLIP = 6e-4, 0.1, 1.0
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m training.smoke_step", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m training.smoke.step", description=__doc__.splitlines()[0])
     p.add_argument("--case", choices=CASES, required=True)
     p.add_argument("--micro", type=int, required=True, help="sequences per micro-batch")
     p.add_argument("--accum", type=int, required=True, help="micro-batches per optimizer step (all ranks)")
@@ -52,7 +52,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
 
 def shapes(cpu: bool, vocab: Optional[int] = None) -> dict[str, Any]:
     """Model shapes of a case: preset, layers, width, heads, block, padded vocab."""
-    from training.model import PRESETS, padded_vocab
+    from training.gpt2.model import PRESETS, padded_vocab
 
     base = CPU_SHAPES if cpu else GPU_SHAPES
     p = PRESETS[base["preset"]]
@@ -79,8 +79,8 @@ def build_case(case: str, a: argparse.Namespace, device: Any, precision: Any) ->
     s = shapes(a.cpu, a.vocab)
     compiled = a.compile == "on"
     if case == "reference":
-        from training.model import BETAS
-        from training.reference_gpt import build_reference, next_token_targets, reference_optimizer
+        from training.gpt2.model import BETAS
+        from training.smoke.reference_gpt import build_reference, next_token_targets, reference_optimizer
 
         raw = build_reference(s["padded_vocab"], s["block"], s["n_layer"], s["n_head"], s["n_embd"]).to(device)
         model = torch.compile(raw) if compiled else raw
@@ -88,11 +88,11 @@ def build_case(case: str, a: argparse.Namespace, device: Any, precision: Any) ->
         forward: Callable[[Any], Any] = lambda x: model(x, next_token_targets(x))  # noqa: E731
         params = raw
     else:
-        from training.model import BETAS, build_model, build_optimizer, gpt2_config
+        from training.gpt2.model import BETAS, build_model, build_optimizer, gpt2_config
 
         raw = build_model(gpt2_config(s["preset"], s["vocab"], s["eot"], s["block"])).to(device)
         if compiled:
-            from training.compiling import compile_model
+            from training.gpt2.compiling import compile_model
 
             compile_model(raw)
         model = raw
@@ -110,8 +110,8 @@ def _ddp(model: Any, device: Any, precision: Any) -> Any:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
-    from training.parallel import comm_hook_name
-    from training.precision import bf16_native
+    from training.gpt2.parallel import comm_hook_name
+    from training.gpt2.precision import bf16_native
 
     ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
                                   gradient_as_bucket_view=True)
@@ -129,8 +129,8 @@ def run_steps(case: str, a: argparse.Namespace, rank: int = 0, world: int = 1) -
     """Build the case, run warmup + timed steps; the figures of this rank."""
     import torch
 
-    from training.parallel import gradient_sync
-    from training.precision import apply_gradients, configure_matmul, make_scaler, precision_here
+    from training.gpt2.parallel import gradient_sync
+    from training.gpt2.precision import apply_gradients, configure_matmul, make_scaler, precision_here
 
     device = torch.device("cpu") if a.cpu else torch.device("cuda", 0)
     if device.type == "cuda":
@@ -138,7 +138,7 @@ def run_steps(case: str, a: argparse.Namespace, rank: int = 0, world: int = 1) -
     precision = precision_here(a.precision, device)
     tf32 = configure_matmul(precision, device.type)
     if a.compile_cache:
-        from training.compiling import CompileCache
+        from training.gpt2.compiling import CompileCache
 
         CompileCache(a.compile_cache, rank).open()  # <dir>/.compile-cache, as a run's
     torch.manual_seed(0)

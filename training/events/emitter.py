@@ -10,7 +10,7 @@ The emitter lives in one process (a Ray actor owned by the driver), so `seq` is 
 continues from the events already in `events.jsonl` (or the ConfigMap), across restarts. Where
 the events file is a file (a PVC, a local run), the file numbers each event under its lock, so
 it never holds one seq twice even while another emitter writes to it.
-Stdlib only; the ConfigMap sink (`training.progress_configmap`) is the one place here that
+Stdlib only; the ConfigMap sink (`training.events.progress_configmap`) is the one place here that
 talks to the Kubernetes API.
 """
 
@@ -115,7 +115,7 @@ class Emitter:
         self.seq = _last_seq(history)
         self.session: list[dict[str, Any]] = []
         self.starts = 0
-        self._lock = threading.RLock()  # the trackers' thread emits too (training.trackers)
+        self._lock = threading.RLock()  # the trackers' thread emits too (training.events.trackers)
         self.redact = Redactor.from_environ(os.environ)
         for sink in self.sinks:
             if hasattr(sink, "bind"):
@@ -160,7 +160,7 @@ class Emitter:
                              step: int, **group: Any) -> Optional[dict[str, Any]]:
         """Called by rank 0 each time a worker group starts training. `attempt` counts the
         run's worker-group restarts across driver sessions (it continues from the history).
-        `group` (training.elastic.group_batch: world_size, accumulation_steps, ...) rides on
+        `group` (training.gpt2.elastic.group_batch: world_size, accumulation_steps, ...) rides on
         these events; a start with another world size than the last also gets
         worker_group_resized (from, to)."""
         self.starts += 1
@@ -232,7 +232,7 @@ def run_sinks(run_dir: Optional[str],
         sinks.append(fs)
     cm_name = environ.get(naming.ENV_PROGRESS_CONFIGMAP)
     if cm_name:
-        from training.progress_configmap import ConfigMapSink
+        from training.events.progress_configmap import ConfigMapSink
 
         cm = ConfigMapSink(cm_name, environ.get(naming.ENV_NAMESPACE) or "default")
         cm_history = cm.read()
@@ -241,7 +241,7 @@ def run_sinks(run_dir: Optional[str],
         cm.continue_from(history)
         sinks.append(cm)
     if run_dir is not None:  # TensorBoard always; MLflow, W&B by their variables
-        from training.trackers import TrackerSink
+        from training.events.trackers import TrackerSink
 
         sinks.append(TrackerSink(run_dir, {**os.environ, **environ}, history))
     return sinks, history
@@ -252,7 +252,7 @@ def events_sink(run_dir: str) -> Any:
     from submitter.contract.storage import scheme_of
 
     if scheme_of(run_dir) not in ("", "file"):
-        from training.object_store import ObjectStoreSink
+        from training.run.object_store import ObjectStoreSink
 
         return ObjectStoreSink(f"{run_dir.rstrip('/')}/{naming.EVENTS_FILE}")
     return FileSink(os.path.join(run_dir, naming.EVENTS_FILE))

@@ -3,24 +3,24 @@
 resume (epoch AND step) -> per epoch: steps over this worker's data shard (skipping the batches
 a mid-epoch checkpoint already covered) -> validation -> checkpoint (model, optimizer,
 LR plan, epoch, step, config) with `ray.train.report`. Rank 0 sends the status events to the
-run's emitter actor (see training.emitter). No code path exists only for tests.
+run's emitter actor (see training.events.emitter). No code path exists only for tests.
 
 A step is one optimizer step: `accumulation` micro-batches per worker (the job's resolved
 global batch: ~0.5 M tokens on GPUs, submitter.contract.batch), gradients communicated only on
-the last (training.parallel.gradient_sync: DDP `no_sync`, FSDP2 `set_requires_gradient_sync`).
+the last (training.gpt2.parallel.gradient_sync: DDP `no_sync`, FSDP2 `set_requires_gradient_sync`).
 Per step nothing waits for the GPU: the loss is summed on the device and read (`.item()`, one
 all-reduce) every `progress_every` steps. Batches arrive as NumPy from Ray Data and are copied to the device only when used, so
 the batches a resume skips never leave the host. Every epoch's data order is shuffled by a
 seeded local shuffle (seed, epoch, rank), the same on every (re)start, so a resume that skips
 k batches sees exactly the batches the interrupted run would have seen next.
 `tokens_per_sec` is over wall time, data waits included; `data_wait_fraction` is each step's
-wait for data over that step's time, summed over the window's steps (training.input_path).
+wait for data over that step's time, summed over the window's steps (training.gpt2.input_path).
 Checkpoints: at every epoch end, every `checkpoint_every` steps, and every `checkpoint_minutes`
 of wall time (30 on GPUs: what a hard fault loses at most), decided at a progress window from
 an all-reduced flag so every rank saves at the same step. Saving pauses training only for the
 state's copy into host memory (`stall_s` in checkpoint_saved); writing `state.pt` and the upload
 run in Ray Train's upload thread behind training (`CheckpointUploadMode.ASYNC` with our
-`checkpoint_upload_fn`; one in flight at most, training.upload_slot; flushed when the loop
+`checkpoint_upload_fn`; one in flight at most, training.run.upload_slot; flushed when the loop
 returns); the preemption checkpoint's upload is waited for before the worker leaves.
 """
 
@@ -33,12 +33,12 @@ import zlib
 from typing import Any, Iterator, Optional
 
 from submitter.contract.shutdown import exit_chain
-from training.checkpoint_io import interval_due, load_state, save_state, snapshot
-from training.config import TrainConfig
-from training.input_path import InputPath, WaitShare
-from training.object_store import as_uri
-from training.preempt import StepGate, leave, preemption_metrics, seconds_left
-from training.upload_slot import UploadSlot
+from training.run.checkpoint_io import interval_due, load_state, save_state, snapshot
+from training.gpt2.config import TrainConfig
+from training.gpt2.input_path import InputPath, WaitShare
+from training.run.object_store import as_uri
+from training.run.preempt import StepGate, leave, preemption_metrics, seconds_left
+from training.run.upload_slot import UploadSlot
 
 STATE_FILE = "state.pt"
 #: Blocks in each worker's local shuffle buffer, in micro-batches.
@@ -154,14 +154,14 @@ def train_func(loop_config: dict[str, Any]) -> None:
     import torch
     from ray.train import Checkpoint
 
-    from training.microbatch import choose as choose_worker_batch
-    from training.compiling import CompileCache, compile_enabled, compile_model, compile_seconds, counters
-    from training.elastic import group_batch
-    from training.model import BETAS, MIN_LR_RATIO, build_model, build_optimizer, gpt2_config
-    from training.parallel import gradient_sync, is_fsdp, unwrapped, wrap_model
-    from training.precision import apply_gradients, make_scaler, precision_here
-    from training.run_identity import join
-    from training.schedule import resumed_plan
+    from training.gpt2.microbatch import choose as choose_worker_batch
+    from training.gpt2.compiling import CompileCache, compile_enabled, compile_model, compile_seconds, counters
+    from training.gpt2.elastic import group_batch
+    from training.gpt2.model import BETAS, MIN_LR_RATIO, build_model, build_optimizer, gpt2_config
+    from training.gpt2.parallel import gradient_sync, is_fsdp, unwrapped, wrap_model
+    from training.gpt2.precision import apply_gradients, make_scaler, precision_here
+    from training.run.identity import join
+    from training.gpt2.schedule import resumed_plan
 
     cfg = TrainConfig.from_dict(loop_config["config"])
     ctx = ray.train.get_context()
@@ -175,7 +175,7 @@ def train_func(loop_config: dict[str, Any]) -> None:
                                loop_config["vocab_size"])
     micro_size, accum = mine.micro, mine.accumulation
 
-    def autocast() -> Any:  # FSDP2's MixedPrecisionPolicy casts instead (training.precision)
+    def autocast() -> Any:  # FSDP2's MixedPrecisionPolicy casts instead (training.gpt2.precision)
         return precision.autocast(device.type, params_cast=is_fsdp(model))
 
     # --- the checkpoint's state first: it says which epoch's data to start streaming -------
@@ -183,7 +183,7 @@ def train_func(loop_config: dict[str, Any]) -> None:
     checkpoint = ray.train.get_checkpoint()
     if checkpoint is not None:
         with checkpoint.as_directory() as d:
-            state = load_state(d)  # weights_only: the storage is shared (training.checkpoint_io)
+            state = load_state(d)  # weights_only: the storage is shared (training.run.checkpoint_io)
         resumed_from = as_uri(cfg.storage_path, checkpoint.path)
     start_epoch, skip, step = resume_point(state)
     train_shard = ray.train.get_dataset_shard("train")
@@ -233,7 +233,7 @@ def train_func(loop_config: dict[str, Any]) -> None:
     plan = resumed_plan(saved.get("scheduler"), step,
                         planned_total(steps_per_epoch, cfg.epochs), loop_config["warmup_steps"],
                         MIN_LR_RATIO)
-    # this group's size and its optimizer step (training.elastic: the emitter tells a resize)
+    # this group's size and its optimizer step (training.gpt2.elastic: the emitter tells a resize)
     events.started(resumed_from, epoch=start_epoch + 1, step=step,
                    **group_batch(mine, world, block))
 
@@ -277,7 +277,7 @@ def train_func(loop_config: dict[str, Any]) -> None:
             ckpt = Checkpoint.from_directory(tempfile.mkdtemp(prefix="checkpoint-"))
         # what training waited for (the upload runs behind it): checkpoint_saved's stall_s
         stall = time.perf_counter() - t_save
-        # checkpoint_saved comes from the controller once registered (training.checkpoint_events)
+        # checkpoint_saved comes from the controller once registered (training.run.checkpoint_events)
         try:
             ray.train.report({**metrics, "epoch_done": epoch_done, "stall_s": round(stall, 3)},
                              checkpoint=ckpt, checkpoint_dir_name=name,
@@ -330,7 +330,7 @@ def train_func(loop_config: dict[str, Any]) -> None:
 
     # --- the loop ------------------------------------------------------------------------
     last_lr = cfg.learning_rate * plan.factor(step)
-    grad_norm: Any = None  # the last step's (a tensor on the device; training.trackers logs it)
+    grad_norm: Any = None  # the last step's (a tensor on the device; training.events.trackers logs it)
     last_save = time.perf_counter()  # the interval clock: wall time since the last checkpoint
     timed_due = False
     tokens_per_step = mine.global_batch * block
@@ -338,7 +338,7 @@ def train_func(loop_config: dict[str, Any]) -> None:
     optimizer.zero_grad(set_to_none=True)
     first_step = True  # report the first step of every start (time to first/resumed step)
     cap = cfg.max_steps_per_epoch
-    # SIGTERM -> checkpoint at the next step boundary (training.preempt): the ranks agree on
+    # SIGTERM -> checkpoint at the next step boundary (training.run.preempt): the ranks agree on
     # the flag every step, on the host, overlapped with the step. Only rank 0 asks the
     # driver's actor: the max-reduce hands its answer to every rank. A worker's share of the
     # grace period (submitter.contract.shutdown) bounds its save; one upload in flight at most.

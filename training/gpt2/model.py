@@ -17,7 +17,7 @@ GELU: `gelu_pytorch_tanh`, the same tanh approximation as GPT-2's `gelu_new` but
 kernel (`F.gelu(approximate="tanh")`) instead of a chain of Python-level ops whose `pow` CUDA
 autocast runs in fp32 over the whole tokens x 3072 activation.
 
-Loss: `training.loss.lm_loss`, a fused linear cross-entropy (bf16 matmuls, fp32 softmax, its
+Loss: `training.gpt2.loss.lm_loss`, a fused linear cross-entropy (bf16 matmuls, fp32 softmax, its
 gradients computed in the forward, chunk by chunk) that never holds the micro-batch's fp32
 logits (`model(input_ids=x, labels=x).loss`, see `model_class`).
 """
@@ -95,13 +95,13 @@ def model_class():
 
     import torch
 
-    from training.loss import lm_loss, loss_budget_bytes
+    from training.gpt2.loss import lm_loss, loss_budget_bytes
 
     class GPT2Pretraining(GPT2LMHeadModel):
-        #: the loss function; training.compiling swaps in a compiled one for per-block compile
+        #: the loss function; training.gpt2.compiling swaps in a compiled one for per-block compile
         loss_fn = staticmethod(lm_loss)
-        #: bytes the loss's chunk buffers may use (training.loss.loss_budget_bytes); None: not
-        #: decided yet (set on the first eager CUDA call, or by training.compiling before tracing)
+        #: bytes the loss's chunk buffers may use (training.gpt2.loss.loss_budget_bytes); None: not
+        #: decided yet (set on the first eager CUDA call, or by training.gpt2.compiling before tracing)
         loss_budget = None
 
         def forward(self, input_ids=None, labels=None, **kwargs):

@@ -22,7 +22,7 @@ fp16's narrow range needs loss scaling: `torch.amp.GradScaler` (DDP) or FSDP's
 `ShardedGradScaler`, with `unscale_` before gradient clipping so the clip sees true norms.
 
 `fp32` means fp32 (`configure_matmul`): TF32 off for matmuls and cuDNN, and no bf16/fp16
-gradient compression (training.parallel.comm_hook_name). Every other precision allows TF32
+gradient compression (training.gpt2.parallel.comm_hook_name). Every other precision allows TF32
 for whatever still runs in fp32.
 """
 

@@ -18,7 +18,7 @@ Wrapping: one FSDP unit per `GPT2Block` (the auto-wrap policy FSDP1 would take a
 one block is gathered at a time and the next one's all-gather overlaps compute.
 Mixed precision: `MixedPrecisionPolicy(param_dtype=<bf16|fp16>, reduce_dtype=fp32)`: compute in
 the run's precision, gradients reduced and kept in fp32 (sharded fp32 master weights). The
-policy is the only cast: the loop runs FSDP2 without autocast (training.precision).
+policy is the only cast: the loop runs FSDP2 without autocast (training.gpt2.precision).
 Gradient accumulation communicates once per optimizer step (`gradient_sync`): DDP skips the
 all-reduce of every micro-batch but the last (`no_sync`); FSDP2 skips the reduce-scatters
 (`set_requires_gradient_sync(False)`) and keeps the micro-batches' unsharded gradients until
@@ -40,7 +40,7 @@ copies of the model a step. tests/training/test_fsdp_gather.py counts them.
 DDP on CUDA: gradients are all-reduced in bf16 (`bf16_compress_hook`; fp16 on GPUs without
 native bf16), halving the bytes of the step's dominant communication; `gradient_as_bucket_view`
 avoids a copy. `--precision fp32` keeps fp32 all-reduces and turns TF32 off
-(training.precision.configure_matmul); mixed precision allows TF32 for its fp32 parts.
+(training.gpt2.precision.configure_matmul); mixed precision allows TF32 for its fp32 parts.
 """
 
 from __future__ import annotations
@@ -48,13 +48,13 @@ from __future__ import annotations
 import contextlib
 from typing import Any, ContextManager, Iterator, Optional
 
-from training.precision import Precision, bf16_native, configure_matmul
+from training.gpt2.precision import Precision, bf16_native, configure_matmul
 
 
 def comm_hook_name(strategy: str, device_type: str, world: int, bf16_supported: bool,
                    precision: str = "bf16") -> Optional[str]:
     """Which DDP gradient compression hook a run registers (None: plain fp32 all-reduce).
-    `bf16_supported`: NATIVE bf16 (training.precision.bf16_native); `precision`: the run's
+    `bf16_supported`: NATIVE bf16 (training.gpt2.precision.bf16_native); `precision`: the run's
     resolved precision (fp32 means fp32 gradients on the wire too)."""
     if strategy != "ddp" or device_type != "cuda" or world < 2 or precision == "fp32":
         return None
@@ -123,7 +123,7 @@ def wrap_model(model: Any, *, fsdp: bool, precision: Precision, world: int, devi
     if world > 1:
         bf16 = device_type == "cuda" and bf16_native(device)
         hook = comm_hook_name("ddp", device_type, world, bf16, precision.name)
-        from training.comm import pod_network_ddp  # bucket size, the tied gradient
+        from training.gpt2.comm import pod_network_ddp  # bucket size, the tied gradient
 
         model = pod_network_ddp(model, hook)
         if hook:

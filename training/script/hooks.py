@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional
 
 from submitter.contract.errors import StoragePolicyError, UsageError
-from training.emitter import Emitter, run_sinks
-from training.event_poller import EventPoller
+from training.events.emitter import Emitter, run_sinks
+from training.events.poller import EventPoller
 from training.script import HUB_NAME
 
 #: Metric names taken as the GPT-2 events' fields when a script reports them.
@@ -68,7 +68,7 @@ def check_script_storage(path: Any, s: Settings,
                          check: Optional[Callable[..., Any]] = None) -> None:
     """Refuse a storage_path the script set that fails the policy (as the job's own would)."""
     if check is None:
-        from training.mounts import check_storage_here as check
+        from training.run.mounts import check_storage_here as check
     text = str(path)
     try:
         check(text, s.storage_mount, s.allow_ephemeral, dict(s.environ), s.access_mode)

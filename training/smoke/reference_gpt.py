@@ -1,7 +1,7 @@
 """A nanoGPT-style GPT-2, written here as the yardstick for the project's own step.
 
 The GPU smoke run (training.gpu_smoke) times one optimizer step of this model beside the
-project's (`training.smoke_step`): same card, same micro-batch, same tokens per step. It is
+project's (`training.smoke.step`): same card, same micro-batch, same tokens per step. It is
 nanoGPT's `model.py` architecture, as an engineer coming from nanoGPT would write the baseline:
 - tied `wte` / `lm_head` weights, biases in every Linear and LayerNorm;
 - attention through `F.scaled_dot_product_attention(is_causal=True)` (flash/efficient kernels);
@@ -12,7 +12,7 @@ nanoGPT's `model.py` architecture, as an engineer coming from nanoGPT would writ
 - the loss: plain `F.cross_entropy` on the (bf16, under autocast) logits of the whole
   micro-batch, next-token targets;
 - trained with `torch.compile` of the whole model and fused AdamW (decay on the matrices only),
-  gradient clipping at 1.0 (training.smoke_step does the step).
+  gradient clipping at 1.0 (training.smoke.step does the step).
 It lives in `training/` (not `benchmarks/`) because the smoke run must import it from an
 installed package.
 """

@@ -11,7 +11,7 @@ more workers fit. Each start builds new dataset shards for the new world size
 What stays the same is the optimizer step and the learning rate: the job document fixes the
 global batch (submitter.contract.batch), and every (re)start recomputes each worker's share of it
 for the group's actual size (`get_context().get_world_size()`), its micro-batch (from its GPU's
-free memory: training.microbatch) and its accumulation. A size that does not divide the global
+free memory: training.gpt2.microbatch) and its accumulation. A size that does not divide the global
 batch gets near-equal shares and unequal accumulation, each micro-batch's loss weighted so that
 the gradient stays the mean over the step's tokens. Pure functions here; the driver and the loop
 call them.
@@ -23,7 +23,7 @@ import os
 from typing import TYPE_CHECKING, Any, Mapping, Union
 
 if TYPE_CHECKING:
-    from training.microbatch import WorkerBatch
+    from training.gpt2.microbatch import WorkerBatch
 
 #: Seconds between Ray Train's checks for room to grow a healthy group (Ray's default, 60 s;
 #: each growth restarts the group from its last checkpoint, so not much more often).
