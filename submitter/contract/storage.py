@@ -10,7 +10,7 @@ from __future__ import annotations
 import posixpath
 import re
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Optional
 from urllib.parse import urlsplit
 
 from submitter.contract.errors import StoragePolicyError
@@ -66,6 +66,19 @@ def namespace_root(storage_path: str, namespace: str) -> str:
     storage_path in the pod; a run is `<storage>/<namespace>/<name>`: same name, other
     namespace, other run)."""
     return storage_path.rstrip("/") + "/" + namespace
+
+
+#: Prepared corpora live beside the runs: `<storage>/<namespace>/corpora/<name>` on a cluster,
+#: `<storage>/corpora/<name>` locally (a job may not be named this: its run would share it).
+CORPORA_DIR = "corpora"
+
+
+def corpus_root(storage_path: str, namespace: Optional[str], name: str) -> str:
+    """Where the prepared corpus `name` lives (`submitter data prepare --name`, `submit --data
+    NAME`): under the namespace's root on a cluster (namespace given), under the storage path
+    locally (None)."""
+    base = namespace_root(storage_path, namespace) if namespace else storage_path.rstrip("/")
+    return f"{base}/{CORPORA_DIR}/{name}"
 
 
 def check_mount(mount: str) -> str:
