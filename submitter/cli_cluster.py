@@ -303,13 +303,12 @@ def resume(name: str, namespace: str, watch_after: bool, kube_context: str | Non
       submitter resume gpt2-demo -n team-a --watch
       submitter delete gpt2-demo && submitter resume gpt2-demo   # same settings, same run
     """
-    from submitter.cluster import watch_job
     from submitter import api
 
     kube = _kube(kube_context, kubeconfig)
     api.resume(name, namespace, kube=kube, out=sys.stdout)
     if watch_after:
-        sys.exit(watch_job(kube, namespace, name))
+        sys.exit(api.follow(name, namespace, kube=kube))
 
 
 COMMANDS: list = [watch, status, list_command, logs, stop, delete, resume]

@@ -52,3 +52,14 @@ def test_the_cli_commands_call_the_api(monkeypatch, runner):
     assert runner.invoke(main, ["list", "-n", "t", "--state", "RUNNING"]).exit_code == 0
     assert seen == {"submit": ("a", "none", True), "watch": ("a", "t", 120.0),
                     "list": ("t", False, ("RUNNING",))}
+
+
+def test_resume_watch_follows_through_the_api(monkeypatch, runner):
+    """Issue 31's leftover: `resume --watch` watched with submitter.cluster.watch_job directly
+    (.importlinter's commands-go-through-the-api contract now forbids it)."""
+    seen = []
+    monkeypatch.setattr(api, "resume", lambda name, namespace, **kw: seen.append(("resume", name, namespace)))
+    monkeypatch.setattr(api, "follow", lambda name, namespace=None, **kw: seen.append(("watch", name, namespace)) or 3)
+    monkeypatch.setattr(cli_cluster, "_kube", lambda *a: object())
+    assert runner.invoke(main, ["resume", "a", "-n", "t", "--watch"]).exit_code == 3
+    assert seen == [("resume", "a", "t"), ("watch", "a", "t")]
