@@ -94,7 +94,7 @@ def test_every_training_name_the_docs_and_images_give_resolves():
     missing = sorted(n for n in names if not _resolves(n))
     assert not missing, missing
     files = {f for p in paths for f in re.findall(r"(?<![\w./-])(training/[\w/]+\.py)", p.read_text())}
-    assert "training/smoke/plan.py" in files, files  # the scan reads what it should
+    assert files, "the scan found no training/*.py path in the docs"  # it reads what it should
     assert not sorted(f for f in files if not (ROOT / f).is_file())
 
 
