@@ -17,8 +17,9 @@ import types
 from importlib.machinery import ModuleSpec
 from typing import Optional, Sequence
 
-#: old flat name -> where the module lives now (under `training.`).
+#: old flat name -> where the module lives now (under `training.`, or a full name).
 MOVED = {
+    "flops": "submitter.contract.flops",  # the FLOPs and peak table: render uses it too
     "model": "gpt2.model", "loss": "gpt2.loss", "compiling": "gpt2.compiling",
     "precision": "gpt2.precision", "parallel": "gpt2.parallel", "comm": "gpt2.comm",
     "schedule": "gpt2.schedule", "microbatch": "gpt2.microbatch", "input_path": "gpt2.input_path",
@@ -38,6 +39,12 @@ MOVED = {
 # functions are `training.data.pipeline`'s; `training.script` still exports should_stop, Preempted).
 
 
+def home(old: str) -> str:
+    """The full module name an old flat name now stands for."""
+    new = MOVED[old]
+    return new if new.startswith("submitter.") else f"training.{new}"
+
+
 class _Alias(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     """Finds `training.<old>` and hands back the module that lives at its new name."""
 
@@ -49,7 +56,7 @@ class _Alias(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         return importlib.util.spec_from_loader(fullname, self)
 
     def create_module(self, spec: ModuleSpec) -> types.ModuleType:
-        return importlib.import_module("training." + MOVED[spec.name.rpartition(".")[2]])
+        return importlib.import_module(home(spec.name.rpartition(".")[2]))
 
     def exec_module(self, module: types.ModuleType) -> None:
         """The new module already ran when it was imported: nothing to run again."""
