@@ -20,6 +20,7 @@ from submitter.contract.spec import JobSpec
 from submitter.contract.stack import require_training_stack as _require
 from training.gpt2.config import TrainConfig
 from training.events.poller import EventPoller, Notice, OnEvent
+from training.run.failure import one_line
 
 #: Logical CPUs Ray Data gets on a local Ray beside the training workers: without them, 2
 #: workers on a 2-CPU machine take every CPU and Ray Data's read tasks wait forever.
@@ -192,14 +193,12 @@ def run(cfg: TrainConfig, *, on_event: OnEvent, notice: Notice = print,
 
     check_installed(os.environ)  # MLflow/W&B asked for and not installed: exit 2, nothing started
     claim = claim_run_dir(cfg, notice)
-    from training.run.logs import capture_driver
+    from training.run.logs import kept_logs
 
-    kept = capture_driver(run_dir_of(cfg), cfg.job.to_dict())  # <run>/logs/: outlives the pods
     try:
-        return _run_claimed(cfg, claim, on_event, notice, poll_seconds)
+        with kept_logs(run_dir_of(cfg), cfg.job.to_dict()):  # <run>/logs/: outlives the pods
+            return _run_claimed(cfg, claim, on_event, notice, poll_seconds)
     finally:
-        if kept is not None:
-            kept.close()
         claim.release()
 
 
@@ -237,7 +236,7 @@ def _run_claimed(cfg: TrainConfig, claim: Claim, on_event: OnEvent, notice: Noti
     except Exception as e:  # noqa: BLE001 - training failures become run_failed
         if preemption.fired:
             _preempted(hub, preemption, poller, chain)
-        error = _one_line(e)
+        error = one_line(e)  # a worker group's failure: the first worker's own error
         ray.get(hub.emit.remote("run_failed", error=error))
         ok = False
     except KeyboardInterrupt:
@@ -314,9 +313,9 @@ def _export_at_end(cfg: TrainConfig, result: Any, claim: Claim, notice: Notice) 
         out = export_run_end(result.checkpoint, join(run_dir_of(cfg), EXPORT_DIR), claim.record,
                              claim.sample_prompt or SAMPLE_PROMPT)
     except Exception as e:  # noqa: BLE001
-        notice(f"export failed ({_one_line(e)}); the checkpoints are intact: submitter export "
+        notice(f"export failed ({one_line(e)}); the checkpoints are intact: submitter export "
                f"{cfg.run_name} ... -o DIR retries it")
-        return {"export_error": _one_line(e)}
+        return {"export_error": one_line(e)}
     return {"export_dir": out["export_dir"], "sample_prompt": out["sample_prompt"],
             "sample": out["sample"]}
 
@@ -418,9 +417,3 @@ def _final_fields(cfg: TrainConfig, result: Any) -> dict[str, Any]:
 def _score(metrics: dict[str, Any]) -> float:
     v = metrics.get("val_loss")
     return v if isinstance(v, (int, float)) else float("inf")
-
-
-def _one_line(e: BaseException) -> str:
-    text = f"{type(e).__name__}: {e}".strip()
-    lines = [line for line in text.splitlines() if line.strip()]
-    return (lines[0] if lines else type(e).__name__)[:500]

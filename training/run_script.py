@@ -8,7 +8,8 @@ bundle unpacked and its hash checked; the code's identity in `run.json` (a resum
 code is refused naming the files that differ, unless --allow-code-change); Ray's runtime_env
 (the unpacked directory as every worker's working_dir, --requirements as pip, the SIGTERM
 hook); and the hooks of training.script.hooks. Then the script runs as `__main__` with its
-arguments. Exit 0 done, 1 failed, 2 bad input or refused, 143 preempted.
+arguments, its driver's output and its workers' errors kept under `<run>/logs/` as the GPT-2
+job's are (training.run.logs). Exit 0 done, 1 failed, 2 bad input or refused, 143 preempted.
 """
 
 from __future__ import annotations
@@ -223,7 +224,7 @@ def main(argv: Optional[Sequence[str]] = None, environ: Any = os.environ) -> int
             storage_root=storage_root, name=spec.run_name, run_dir=run_dir,
             script_file=os.path.abspath(script_file), entry=ref["entry"],
             storage_mount=spec.storage_mount, allow_ephemeral=spec.allow_ephemeral_storage,
-            access_mode=spec.storage_access_mode, environ=dict(environ),
+            access_mode=spec.storage_access_mode, environ=dict(environ), job=spec.to_dict(),
             on_started=_SIGTERM.install)
         script_hooks.install(settings)
     except SubmitterError as e:
@@ -233,12 +234,15 @@ def main(argv: Optional[Sequence[str]] = None, environ: Any = os.environ) -> int
         return e.exit_code
     from submitter.contract.shutdown import exit_chain
 
+    from training.run.logs import kept_logs
+
     _SIGTERM.wait_s = exit_chain(spec.termination_grace_period).driver_wait_s
     _SIGTERM.install()
-    notice(f"script: {ref['entry']} (code {ref['sha256'][:12]}), run {run_dir}")
     try:
-        outcome = run_user_script(script_file, code_dir, list(spec.script_args))
-        return finish(outcome, settings, environ, notice, ev)
+        with kept_logs(run_dir, settings.job):  # <run>/logs/, as the GPT-2 driver keeps it
+            notice(f"script: {ref['entry']} (code {ref['sha256'][:12]}), run {run_dir}")
+            outcome = run_user_script(script_file, code_dir, list(spec.script_args))
+            return finish(outcome, settings, environ, notice, ev)
     finally:
         if lock is not None:
             lock.release()
@@ -263,23 +267,14 @@ def ended_by_preemption(outcome: Optional[BaseException]) -> bool:
     checkpointed and raised training.script.Preempted (Ray Train keeps each worker's own
     exception in WorkerGroupError.worker_failures; a script may re-raise or chain it), or Ray
     Train gave up on its preemption retries (ray.train.PreemptionError, where Ray has it)."""
+    from training.run.failure import chain
     from training.script import Preempted
 
     try:
         from ray.train import PreemptionError  # type: ignore[attr-defined]
     except ImportError:
         PreemptionError = Preempted
-    seen: set[int] = set()
-    todo: list[Any] = [outcome]
-    while todo:
-        e = todo.pop()
-        if not isinstance(e, BaseException) or id(e) in seen:
-            continue
-        seen.add(id(e))
-        if isinstance(e, (Preempted, PreemptionError)):
-            return True
-        todo += [e.__cause__, e.__context__, *(getattr(e, "worker_failures", None) or {}).values()]
-    return False
+    return any(isinstance(e, (Preempted, PreemptionError)) for e in chain(outcome))
 
 
 def finish(outcome: Optional[BaseException], s: Any, environ: Mapping[str, str], notice: Any,
@@ -287,6 +282,7 @@ def finish(outcome: Optional[BaseException], s: Any, environ: Mapping[str, str],
     """The run's last event and the exit code."""
     import traceback
 
+    from training.run.failure import one_line
     from training.script import hooks as script_hooks
 
     if isinstance(outcome, SubmitterError):  # a refusal (the script's storage_path): no run
@@ -315,7 +311,7 @@ def finish(outcome: Optional[BaseException], s: Any, environ: Mapping[str, str],
         else:
             if not isinstance(outcome, (KeyboardInterrupt, SystemExit)):
                 traceback.print_exception(outcome)
-            error = f"{type(outcome).__name__}: {outcome}".strip().splitlines()[0][:500]
+            error = one_line(outcome)  # a worker group's failure: the first worker's own error
             if preempted and isinstance(outcome, KeyboardInterrupt):
                 error = ("preempted (SIGTERM); a retry (or the same command again) resumes from "
                          "the last checkpoint")

@@ -111,6 +111,21 @@ def test_the_driver_output_is_kept_redacted_and_the_terminal_sees_it_unchanged(t
     assert SECRET not in text and "db-password-123" not in text
 
 
+def test_both_drivers_keep_their_output_for_the_block_however_it_ends(tmp_path, monkeypatch):
+    """kept_logs: what `python -m training` and the script runner both run under."""
+    terminal = io.StringIO()
+    monkeypatch.setattr(sys, "stdout", terminal)
+    with pytest.raises(ValueError):
+        with run_logs.kept_logs(str(tmp_path), {}):
+            print("inside", end="")
+            raise ValueError("the script's own error")
+    assert sys.stdout is terminal
+    print("after")
+    (kept,) = os.listdir(tmp_path / names.LOGS_DIR)
+    text = (tmp_path / names.LOGS_DIR / kept).read_text()
+    assert text.endswith("inside\n") and "after" not in text
+
+
 def test_a_log_that_cannot_be_written_never_stops_the_driver(tmp_path, capsys):
     blocked = tmp_path / "file-not-dir"
     blocked.write_text("")

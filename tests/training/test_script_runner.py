@@ -4,7 +4,9 @@ the code's identity in run.json."""
 from __future__ import annotations
 
 import json
+import os
 import runpy
+import sys
 from pathlib import Path
 
 import pytest
@@ -25,10 +27,18 @@ def _settings(tmp_path, script_file="train.py"):
 
 
 def test_a_run_config_gets_the_runs_directory_and_name_and_the_events(tmp_path):
+    from training.run.logs import worker_error_logs_class
+
     s = _settings(tmp_path)
     out = hooks.configure_run_config({"callbacks": ["theirs"]}, s)
     assert out["storage_path"] == s.storage_root and out["name"] == "mine"
-    assert out["callbacks"][0] == "theirs" and isinstance(out["callbacks"][1], hooks.ScriptEvents)
+    theirs, events, errors = out["callbacks"]
+    assert theirs == "theirs" and isinstance(events, hooks.ScriptEvents)
+    # each failed worker's traceback under <run>/logs/, by the GPT-2 job's callback
+    assert isinstance(errors, worker_error_logs_class()) and errors.run_dir == s.run_dir
+    # a RunConfig made with another's callbacks: nothing doubled
+    assert hooks.configure_run_config({"callbacks": out["callbacks"]}, s)["callbacks"] == \
+        out["callbacks"]
     # the script's own name and a shared path of its own are kept
     mine = str(Path.home() / "kept-runs")
     kept = hooks.configure_run_config({"name": "other", "storage_path": mine}, s)
@@ -196,3 +206,47 @@ def test_a_preemption_is_known_by_the_workers_exception_not_by_its_text():
     assert not ended_by_preemption(RuntimeError("NotPreempted: a user's own error"))
     assert not ended_by_preemption(WorkerGroupError("Preempted", {0: ValueError("Preempted")}))
     assert not ended_by_preemption(None)
+
+
+def test_a_failing_scripts_output_and_its_workers_error_are_kept_under_the_run(
+        storage, tmp_path, monkeypatch, capsys, runner):
+    """The runner in this process, on a plain script that raises what Ray Train's fit() raises
+    when a worker's train_func failed (issue 33, item 8): the driver's output is kept as the
+    GPT-2 job's is (one session under <run>/logs/, `submitter logs` reads it), and the run's
+    last line names the worker's own error, not "Training failed due to worker errors:"."""
+    from submitter.cli import main as cli
+    from submitter.code_plan import local_code_env
+    from submitter.contract import run_logs as names
+    from submitter.contract.naming import ENV_JOB
+    from submitter.local import local_spec
+    from training import run_script
+
+    script = tmp_path / "fails.py"
+    script.write_text("from ray.train import WorkerGroupError\n"
+                      "print('the script ran')\n"
+                      "raise WorkerGroupError('[Rank 1] bad batch', {1: ValueError('bad batch')})\n")
+    spec = local_spec({}, {"name": "fails", "script": str(script)}, str(storage))
+    # what the runner changes for the script (its hooks patch Ray's classes: not in this process)
+    monkeypatch.setattr(run_script.tempfile, "gettempdir", lambda: str(tmp_path))
+    monkeypatch.setattr(hooks, "install", lambda settings: None)
+    monkeypatch.setattr(run_script._SIGTERM, "install", lambda: None)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.setattr(sys, "argv", list(sys.argv))
+    terminal = sys.stdout
+
+    assert run_script.main([], environ={ENV_JOB: spec.document(), **local_code_env(spec)}) == 1
+    assert sys.stdout is terminal  # given back
+    said = capsys.readouterr()
+    last = json.loads((storage / "fails" / "events.jsonl").read_text().splitlines()[-1])
+    assert last["type"] == "run_failed" and last["error"] == "ValueError: bad batch (rank 1)"
+    logs = storage / "fails" / names.LOGS_DIR
+    (session,) = names.driver_sessions(os.listdir(logs))
+    kept = (logs / session[0]).read_text()
+    assert "the script ran" in said.out and "the script ran" in kept
+    assert "script: fails.py" in kept and "Traceback (most recent call last)" in kept
+    assert '"ValueError: bad batch (rank 1)"' in kept  # the run_failed event line
+    shown = runner.invoke(cli, ["logs", "fails", "--storage-path", str(storage)])
+    assert shown.exit_code == 0, shown.output
+    assert "1 driver session(s), 0 worker error log(s)" in shown.stderr
+    assert "the script ran" in shown.stdout

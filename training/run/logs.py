@@ -10,6 +10,10 @@ outlive the pods and the Ray cluster (`submitter logs NAME` reads them when the 
 - `WorkerErrorLogs`: a Ray Train callback (in the controller) that appends each failed
   worker's traceback to `worker-<rank>.err.log`.
 
+Both drivers keep the same logs the same way: `python -m training` and a `--script` job's runner
+(`python -m training.run_script`) run under `kept_logs(run_dir, job)` and give every trainer
+`worker_error_logs(run_dir, job)`.
+
 Logging never stops training: a storage that cannot be written is said once on stderr.
 """
 
@@ -21,8 +25,10 @@ import sys
 import tempfile
 import threading
 import traceback
+from contextlib import contextmanager
 from datetime import datetime, timezone
-from typing import Any, Callable, Mapping, Optional
+from functools import cache
+from typing import Any, Callable, Iterator, Mapping, Optional
 
 from submitter.contract import run_logs as names
 from submitter.contract.run_logs import Redactor, secret_names_of
@@ -256,6 +262,18 @@ def capture_driver(run_dir: str, job: Optional[Mapping[str, Any]] = None) -> Opt
         return None
 
 
+@contextmanager
+def kept_logs(run_dir: str, job: Optional[Mapping[str, Any]] = None) -> Iterator[None]:
+    """The driver's output kept under the run while the block runs (capture_driver), and the
+    terminal's streams back, with the last partial line written, however it ends."""
+    kept = capture_driver(run_dir, job)
+    try:
+        yield
+    finally:
+        if kept is not None:
+            kept.close()
+
+
 def worker_error_text(rank: int, error: BaseException, when: Optional[str] = None) -> str:
     """One failure of one worker, as its log keeps it: a header and the traceback (a Ray
     error's text already holds the worker's own traceback)."""
@@ -276,7 +294,9 @@ def append_worker_error(store: LogStore, rank: int, text: str, redact: Redactor,
     store.write(name, data)
 
 
-def _worker_error_logs_class() -> Any:
+@cache
+def worker_error_logs_class() -> Any:
+    """The callback's class (made once: `isinstance` tells a RunConfig that already has one)."""
     from ray.train import UserCallback
 
     class WorkerErrorLogs(UserCallback):
@@ -300,4 +320,4 @@ def _worker_error_logs_class() -> Any:
 
 def worker_error_logs(run_dir: str, job: Optional[Mapping[str, Any]] = None) -> Any:
     """The Ray Train callback that keeps each failed worker's traceback under the run."""
-    return _worker_error_logs_class()(run_dir, job)
+    return worker_error_logs_class()(run_dir, job)

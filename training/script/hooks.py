@@ -5,7 +5,8 @@
 - every `ray.train.RunConfig` the script creates gets the run's directory as its default
   `storage_path` and `name` (`<storage>/<namespace>/<name>`: a RayJob retry or a re-submit
   resumes), a `storage_path` of its own that fails the storage policy is refused in one line
-  naming the script's file and line, and `ScriptEvents` joins its callbacks;
+  naming the script's file and line, and `ScriptEvents` and the GPT-2 job's worker error logs
+  (training.run.logs: each failed worker's traceback under `<run>/logs/`) join its callbacks;
 - every trainer's `fit()` starts the run's event hub (an actor pinned to the driver's node,
   where the pod's service-account token is) and says `run_started` / `run_resumed`.
 
@@ -48,6 +49,7 @@ class Settings:
     allow_ephemeral: bool
     access_mode: str
     environ: Mapping[str, str]
+    job: Mapping[str, Any] = field(default_factory=dict)  # the job document: its secret names
     fits: list[Any] = field(default_factory=list)
     #: called once the hub runs (after ray.init, which installs Ray's own SIGTERM handler)
     on_started: Optional[Callable[[], None]] = None
@@ -89,9 +91,13 @@ def configure_run_config(kwargs: dict[str, Any], s: Settings) -> dict[str, Any]:
         check_script_storage(out["storage_path"], s)
     if out.get("name") is None:
         out["name"] = s.name
+    from training.run.logs import worker_error_logs, worker_error_logs_class
+
     callbacks = list(out.get("callbacks") or [])
     if not any(isinstance(c, ScriptEvents) for c in callbacks):
         callbacks.append(ScriptEvents())
+    if not any(isinstance(c, worker_error_logs_class()) for c in callbacks):
+        callbacks.append(worker_error_logs(s.run_dir, s.job))  # as the GPT-2 job's trainer
     out["callbacks"] = callbacks
     return out
 
@@ -298,8 +304,9 @@ class ScriptEvents(_ray_user_callback()):  # type: ignore[misc]
     def after_exception(self, run_context: Any, worker_exceptions: dict) -> None:
         import ray
 
-        errors = {int(rank): f"{type(e).__name__}: {e}".splitlines()[0][:200]
-                  for rank, e in worker_exceptions.items()}
+        from training.run.failure import line_of
+
+        errors = {int(rank): line_of(e)[:200] for rank, e in worker_exceptions.items()}
         ray.get(self._hub().failed_workers.remote(errors), timeout=60)
 
 
