@@ -7,6 +7,8 @@
   `charts/submitter/values.schema.json` (type, default from `values.yaml`, description), so the
   reference is the schema Helm validates against and cannot drift from it (`values_table` is
   pure: a test calls it without MkDocs).
+- `<!-- exit-codes -->` becomes the table of `submitter.contract.errors.EXIT_CODES`, the one the
+  `submitter --help` epilog prints.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any, Mapping
 import yaml
 
 MARKER = "<!-- helm-values-reference -->"
+EXIT_CODES_MARKER = "<!-- exit-codes -->"
 CHART = Path(__file__).resolve().parent.parent / "charts" / "submitter"
 
 
@@ -68,4 +71,10 @@ def on_config(config: Any, **_: Any) -> Any:
 
 
 def on_page_markdown(markdown: str, **_: Any) -> str:
-    return markdown.replace(MARKER, chart_table()) if MARKER in markdown else markdown
+    if MARKER in markdown:
+        markdown = markdown.replace(MARKER, chart_table())
+    if EXIT_CODES_MARKER in markdown:
+        from submitter.contract.errors import exit_codes_markdown
+
+        markdown = markdown.replace(EXIT_CODES_MARKER, exit_codes_markdown())
+    return markdown

@@ -17,7 +17,7 @@ from typing import Any, Callable
 import click
 
 from submitter import __version__
-from submitter.cli_help import GroupedCommand
+from submitter.cli_help import GroupedCommand, exit_codes_epilog
 from submitter.cli_options import cluster_options, default_namespace, request_timeout
 from submitter.contract.errors import SubmitterError, UsageError
 from submitter.contract.spec import JobSpec, defaults, field_types, flag_name, parse_pairs
@@ -149,8 +149,8 @@ class _Group(click.Group):
             ctx.exit(130)
 
 
-@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"],
-                                           "max_content_width": 100})
+@click.group(cls=_Group, epilog=exit_codes_epilog(),
+             context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(__version__, prog_name="submitter")
 def main() -> None:
     """Run GPT-2 pre-training on Kubernetes (KubeRay RayJob) or locally, with checkpoints that

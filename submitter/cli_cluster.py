@@ -14,6 +14,7 @@ from typing import Any, Callable
 
 import click
 
+from submitter.cli_help import exit_codes_epilog
 from submitter.cli_options import OutputChoice, cluster_options, default_namespace, parse_duration, request_timeout
 from submitter.state import STATES
 
@@ -113,7 +114,7 @@ def _print_states(states: list, output: str, single: bool, *, namespaces: bool =
                     click.echo(eta)
 
 
-@click.command()
+@click.command(epilog=exit_codes_epilog())
 @job_command
 @click.option("--timeout", default=None, metavar="DURATION",
               help="stop watching after this long (e.g. 90s, 30m, 2h) and exit 3; the job keeps running")
@@ -124,17 +125,8 @@ def _print_states(states: list, output: str, single: bool, *, namespaces: bool =
               help="text (a live table in a terminal) or JSON lines")
 def watch(name: str, namespace: str, timeout: str | None, stall_timeout: str | None, output: str,
           kube_context: str | None, kubeconfig: str | None) -> None:
-    """Watch a job until it ends; the exit code is the outcome.
-
-    \b
-    Exit codes:
-      0  succeeded (also when KubeRay already deleted the RayJob after it succeeded)
-      1  failed or stopped (also by submitter stop; a Kueue-held job is waited for), or
-         deleted before it ended
-      3  --timeout elapsed (the job keeps running)
-      4  could not observe the job: the API is unreachable, rejects the credentials (401),
-         or did not answer within --request-timeout; the job may be fine
-      5  --stall-timeout elapsed without progress (the job keeps running)
+    """Watch a job until it ends; the exit code is the outcome (0 succeeded, 1 failed or stopped,
+    3 and 5 the timeouts; every code: below, and Reliability > Exit codes in the docs).
 
     Ctrl-C stops watching and leaves the job running. While the job cannot start, the first blocking reason (image pull, Unschedulable, OOMKilled,
     CrashLoopBackOff, evicted/preempted pods, an unbound claim) is shown with its state; a

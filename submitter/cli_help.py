@@ -13,6 +13,7 @@ from typing import Any
 
 import click
 
+from submitter.contract.errors import EXIT_CODES
 from submitter.contract.spec import GROUPS, JobSpec
 
 #: Options that are not job settings, by parameter name.
@@ -63,3 +64,15 @@ def grouped_sections(command: Any, ctx: click.Context) -> dict[str, list[str]]:
         if param.get_help_record(ctx) is not None:
             out.setdefault(group_of(param.name), []).append(param.name)
     return out
+
+
+def exit_codes_epilog(width: int = 96) -> str:
+    """`--help`'s "Exit codes" table, from contract.errors.EXIT_CODES (as the docs' table is), one
+    code a line wrapped under its meaning; `\\b` keeps click from re-flowing it."""
+    import textwrap
+
+    lines = ["\b", "Exit codes (docs: Reliability > Exit codes):"]
+    for code, meaning in EXIT_CODES:
+        lines += textwrap.wrap(meaning.replace("`", ""), width, initial_indent=f"  {code:>3}  ",
+                               subsequent_indent=" " * 7)
+    return "\n".join(lines)

@@ -57,7 +57,7 @@ def test_status_of_inconsistent_job_shows_failed_and_a_note(api, kubeconfig, run
 
 def test_status_of_missing_job_and_invalid_name(api, kubeconfig, runner):
     missing = cli(runner, kubeconfig, "status", "nope")
-    assert missing.exit_code == 1 and "no RayJob nope in namespace default" in missing.output
+    assert missing.exit_code == 6 and "no RayJob nope in namespace default" in missing.output
     invalid = cli(runner, kubeconfig, "status", "Bad_Name")
     assert invalid.exit_code == 2 and invalid.output.count("\n") == 1
 
@@ -81,7 +81,7 @@ def test_list_namespace_and_all_namespaces(api, kubeconfig, runner):
 def test_logs_print_the_submitter_pod_log(api, kubeconfig, runner):
     op = submitted(runner, kubeconfig, api)
     no_pod = cli(runner, kubeconfig, "logs", "gpt2-demo")
-    assert no_pod.exit_code == 1 and "no submitter pod yet (PENDING)" in no_pod.output
+    assert no_pod.exit_code == 6 and "no submitter pod yet (PENDING)" in no_pod.output
     op.initialize()
     op.run()
     op.step(1, 10)
@@ -130,7 +130,7 @@ def test_logs_fall_back_to_the_runs_stored_logs_when_the_pods_are_gone(api, kube
     op.succeed()
     api.emulator.remove("v1/pods", "default", pod)
     on_its_volume = cli(runner, kubeconfig, "logs", "gpt2-demo")  # its PVC is not mounted here
-    assert on_its_volume.exit_code == 1 and "give --storage-path where that volume is mounted" \
+    assert on_its_volume.exit_code == 6 and "give --storage-path where that volume is mounted" \
         in on_its_volume.output and on_its_volume.output.count("\n") == 1
     run = stored_run(tmp_path)
     kept = cli(runner, kubeconfig, "logs", "gpt2-demo", "--storage-path", str(tmp_path))
@@ -150,7 +150,7 @@ def test_logs_fall_back_to_the_runs_stored_logs_when_the_pods_are_gone(api, kube
     assert no_cluster.exit_code == 0 and no_cluster.stdout == kept.stdout, no_cluster.output
     assert no_cluster.stderr.splitlines()[0].startswith("logs: cannot ask the cluster")
     nothing = cli(runner, kubeconfig, "logs", "gpt2-demo")
-    assert nothing.exit_code == 1 and "give its --storage-path" in nothing.output
+    assert nothing.exit_code == 6 and "give its --storage-path" in nothing.output
 
 
 def test_logs_follow_the_stored_log_until_the_run_ends(tmp_path):
@@ -208,7 +208,7 @@ def test_delete_removes_job_objects_and_keeps_the_pvc(api, kubeconfig, runner):
     assert "kept persistentvolumeclaim/gpt2-demo-checkpoints" in result.stdout
     assert not [p for m, p, q in api.emulator.log if m == "DELETE" and "persistentvolumeclaims" in p]
     again = cli(runner, kubeconfig, "delete", "gpt2-demo")
-    assert again.exit_code == 1 and "nothing to delete" in again.output
+    assert again.exit_code == 6 and "nothing to delete" in again.output
 
 
 def test_delete_pvc_only_when_named_and_only_ours(api, kubeconfig, runner):
@@ -284,13 +284,13 @@ def test_resume_refuses_running_succeeded_and_missing_jobs(api, kubeconfig, runn
     op.initialize()
     op.run()
     running = cli(runner, kubeconfig, "resume", "gpt2-demo")
-    assert running.exit_code == 1 and "is RUNNING, not finished" in running.output
+    assert running.exit_code == 8 and "is RUNNING, not finished" in running.output
     op.succeed()
     done = cli(runner, kubeconfig, "resume", "gpt2-demo")
-    assert done.exit_code == 1 and "nothing to resume" in done.output
+    assert done.exit_code == 8 and "nothing to resume" in done.output
     assert not [m for m, p, q in api.emulator.log if m == "DELETE"]
     missing = cli(runner, kubeconfig, "resume", "other")
-    assert missing.exit_code == 1 and "submit it again with the same --name" in missing.output
+    assert missing.exit_code == 6 and "submit it again with the same --name" in missing.output
 
 
 def test_resume_uid_precondition_protects_a_replaced_object(api, kube):
@@ -310,7 +310,7 @@ def test_resume_uid_precondition_protects_a_replaced_object(api, kube):
 def test_forbidden_list_names_verb_and_resource(api, kubeconfig, runner):
     api.emulator.deny("list", "rayjobs")
     result = cli(runner, kubeconfig, "list", "-A")
-    assert result.exit_code == 1
+    assert result.exit_code == 7
     assert "you may not list rayjobs.ray.io" in result.output and "verb 'list'" in result.output
 
 

@@ -81,7 +81,7 @@ def test_delete_x_with_delete_pvc_x_checkpoints_leaves_another_teams_pvc_and_con
     refused = cli(runner, kubeconfig, "delete", "x", "--delete-pvc", "x-checkpoints")
     assert refused.exit_code == 2 and "not created by submitter for job x" in one_line(refused)
     plain = cli(runner, kubeconfig, "delete", "x")
-    assert plain.exit_code == 1 and "left configmap/x-progress alone" in one_line(plain)
+    assert plain.exit_code == 6 and "left configmap/x-progress alone" in one_line(plain)
     assert [m for m, p, q in api.emulator.log if m == "DELETE"] == []
     assert api.emulator.get(PVCS, "default", "x-checkpoints") is not None
     assert api.emulator.get(CONFIGMAPS, "default", "x-progress") is not None
@@ -120,7 +120,7 @@ def test_submit_refuses_a_rayjob_of_the_same_name_that_is_not_ours(api, kubeconf
     assert result.exit_code == 2 and "rayjob/x already exists" in one_line(result)
     assert [m for m, p, q in api.emulator.log if m in WRITES] == []
     stop = cli(runner, kubeconfig, "stop", "x")
-    assert stop.exit_code == 1 and "not this submitter job's" in one_line(stop)
+    assert stop.exit_code == 8 and "not this submitter job's" in one_line(stop)
 
 
 def test_same_job_name_in_another_namespace_is_another_job(api, kubeconfig, runner):
@@ -169,7 +169,7 @@ def test_a_rayjob_created_by_someone_else_after_preflight_is_not_overwritten(api
 def test_api_rejecting_the_rayjob_leaves_no_pvc_rbac_or_configmap_behind(api, kubeconfig, runner):
     api.emulator.fail("POST", r"/rayjobs$", status=422, times=10)
     result = cli(runner, kubeconfig, "submit", "--name", "gpt2-demo")
-    assert result.exit_code == 1
+    assert result.exit_code == 10
     assert "rejected rayjobs/gpt2-demo" in one_line(result) and "nothing was written" in result.output
     for gvr, name in JOB_OBJECTS:
         assert api.emulator.get(gvr, "default", name.format("gpt2-demo")) is None, name
@@ -215,7 +215,7 @@ def test_resume_whose_delete_waits_on_a_finalizer_can_be_run_again(api, kube, ku
     with pytest.raises(ClusterError, match="not deleted within 0.5s.*deleted and not recreated.*again"):
         resume_job(kube, "default", "gpt2-demo", out=open("/dev/null", "w"), wait_seconds=0.5)
     waiting = cli(runner, kubeconfig, "resume", "gpt2-demo")
-    assert waiting.exit_code == 1 and "still being deleted (finalizers: ray.io/rayjob-finalizer)" in one_line(waiting)
+    assert waiting.exit_code == 8 and "still being deleted (finalizers: ray.io/rayjob-finalizer)" in one_line(waiting)
     api.emulator.remove(RAYJOBS, "default", "gpt2-demo")  # the operator lets go
     again = cli(runner, kubeconfig, "resume", "gpt2-demo")
     assert again.exit_code == 0, again.output
@@ -226,7 +226,7 @@ def test_a_resume_the_api_would_reject_leaves_the_old_job_alone(api, kubeconfig,
     old = failed_job(runner, kubeconfig, api)
     api.emulator.fail("POST", r"/rayjobs$", status=422, times=1, dry_run=True)
     result = cli(runner, kubeconfig, "resume", "gpt2-demo")
-    assert result.exit_code == 1 and "gpt2-demo was left as it was" in one_line(result)
+    assert result.exit_code == 10 and "gpt2-demo was left as it was" in one_line(result)
     assert api.emulator.get(RAYJOBS, "default", "gpt2-demo") == old
 
 
@@ -251,7 +251,7 @@ def test_resume_after_delete_recreates_the_job_with_no_flags_retyped(api, kubeco
 
 def test_resume_of_a_deleted_job_without_saved_settings_says_how_to_continue(api, kubeconfig, runner):
     result = cli(runner, kubeconfig, "resume", "gone")
-    assert result.exit_code == 1 and "no saved settings" in one_line(result)
+    assert result.exit_code == 6 and "no saved settings" in one_line(result)
     assert "submit it again with the same --name" in result.output
 
 
@@ -284,7 +284,7 @@ def test_resume_of_a_job_suspended_by_kueue_says_kueue_admits_it(api, kubeconfig
     op.set("Suspended", "")
     mark = len(api.emulator.log)
     result = cli(runner, kubeconfig, "resume", "gpt2-demo")
-    assert result.exit_code == 1
+    assert result.exit_code == 8
     line = one_line(result)
     assert "SUSPENDED by Kueue (queue team-a-queue)" in line and "kubectl get workloads -n default" in line
     assert real_writes(api, mark) == []
@@ -308,7 +308,7 @@ def test_api_answering_200_with_html_or_truncated_json_is_one_line_in_every_comm
     for args in (["status", "gpt2-demo"], ["watch", "gpt2-demo"], ["delete", "gpt2-demo"],
                  ["submit", "--name", "gpt2-demo"], ["resume", "gpt2-demo"], ["stop", "gpt2-demo"]):
         result = cli(runner, kubeconfig, *args)
-        assert result.exit_code == 1, (args, result.output)
+        assert result.exit_code == 4, (args, result.output)
         assert "not Kubernetes JSON" in one_line(result), args
         if fault == "html":
             assert "HTML" in result.output and "Sign in" in result.output
@@ -399,7 +399,7 @@ def test_resume_refuses_to_delete_a_rayjob_whose_settings_cannot_be_saved(api, k
     api.emulator.remove(CONFIGMAPS, "default", "gpt2-demo-progress")
     old = api.emulator.get(RAYJOBS, "default", "gpt2-demo")
     result = cli(runner, kubeconfig, "resume", "gpt2-demo")
-    assert result.exit_code == 1 and "cannot save gpt2-demo's settings" in one_line(result)
+    assert result.exit_code == 8 and "cannot save gpt2-demo's settings" in one_line(result)
     assert api.emulator.get(RAYJOBS, "default", "gpt2-demo") == old
     again = cli(runner, kubeconfig, "submit", "--name", "gpt2-demo", "--existing-pvc", "shared")
     assert again.exit_code == 0 and "configmap/gpt2-demo-progress created" in again.output

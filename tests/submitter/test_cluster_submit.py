@@ -72,7 +72,7 @@ def test_changed_spec_of_a_running_job_is_refused_with_the_way_out(api, kubeconf
     op.run()
     mark = len(api.emulator.log)
     result = submit(runner, kubeconfig, "--replicas", "8")
-    assert result.exit_code == 1
+    assert result.exit_code == 8
     assert "already exists (RUNNING) with a different spec" in result.output
     assert "replicas: 2 -> 8" in result.output
     for way_out in ("another --name", "submitter delete gpt2-demo", "nothing was changed"):
@@ -90,7 +90,7 @@ def test_resubmit_of_a_finished_job_points_to_resume(api, kubeconfig, runner):
     assert result.exit_code == 0
     assert "already finished (FAILED)" in result.output and "submitter resume gpt2-demo" in result.output
     changed = submit(runner, kubeconfig, "--epochs", "5")
-    assert changed.exit_code == 1 and "submitter resume gpt2-demo" in changed.output
+    assert changed.exit_code == 8 and "submitter resume gpt2-demo" in changed.output
 
 
 def test_dry_run_client_prints_objects_and_sends_nothing(api, kubeconfig, runner):
@@ -138,7 +138,7 @@ def test_bad_input_is_one_line_exit_2_and_touches_nothing(api, kubeconfig, runne
 def test_crd_missing_says_how_to_install_kuberay(api, kubeconfig, runner):
     api.emulator.uninstall_rayjob_crd()
     result = submit(runner, kubeconfig)
-    assert result.exit_code == 1
+    assert result.exit_code == 9
     assert "RayJob CRD (rayjobs.ray.io) is not installed" in result.output
     assert "helm install kuberay-operator" in result.output
     assert writes(api) == []
@@ -216,7 +216,7 @@ def test_persistent_5xx_gives_up_with_one_line_and_a_partial_report(api, kubecon
 def test_403_names_the_verb_and_resource_and_nothing_is_written(api, kubeconfig, runner):
     api.emulator.deny("create", "rolebindings")
     result = submit(runner, kubeconfig)
-    assert result.exit_code == 1
+    assert result.exit_code == 7
     assert "you may not create rolebindings.rbac.authorization.k8s.io in namespace default" in result.output
     assert "server dry run; nothing was written" in result.output
     assert [q for m, p, q in writes(api) if "dryRun" not in q] == []
@@ -225,7 +225,7 @@ def test_403_names_the_verb_and_resource_and_nothing_is_written(api, kubeconfig,
 def test_409_conflict_is_reported(api, kubeconfig, runner):
     api.emulator.fail("POST", r"/serviceaccounts$", status=409, times=1)
     result = submit(runner, kubeconfig)
-    assert result.exit_code == 1
+    assert result.exit_code == 8
     assert "conflict on serviceaccounts/gpt2-demo-progress in namespace default" in result.output
     assert stored(api, RAYJOBS, "gpt2-demo") is None
 

@@ -96,7 +96,7 @@ def test_submit_and_status_use_the_contexts_namespace(team_a, tmp_path, runner, 
     assert team_a.emulator.get(RAYJOBS, "team-a", "j") is not None
     assert team_a.emulator.get(RAYJOBS, "default", "j") is None
     assert runner.invoke(main, ["status", "j", "--kubeconfig", cfg]).exit_code == 0
-    assert runner.invoke(main, ["status", "j", "--kubeconfig", cfg, "-n", "default"]).exit_code == 1
+    assert runner.invoke(main, ["status", "j", "--kubeconfig", cfg, "-n", "default"]).exit_code == 6
 
 
 # --- list ---------------------------------------------------------------------------------------

@@ -58,7 +58,7 @@ def test_a_queued_elastic_range_carries_kueues_elastic_job_annotation_and_passes
 def test_kueue_without_workload_slicing_refuses_it_in_the_dry_run_naming_the_gate(api, kubeconfig, runner):
     FakeKueue(api.emulator, elastic_gate=False)  # ElasticJobsViaWorkloadSlices off
     result = submit(runner, kubeconfig, *QUEUED, "--replicas", "1:3")
-    assert result.exit_code == 1
+    assert result.exit_code == 10
     line = result.output.strip()
     assert "\n" not in line and "Traceback" not in line
     assert WEBHOOK_MESSAGE in line and "ElasticJobsViaWorkloadSlices" in line and "--replicas N" in line
@@ -145,7 +145,7 @@ def test_a_resubmit_of_an_admitted_job_says_unchanged(api, kubeconfig, runner, k
     # a changed setting is still drift
     changed = submit(runner, kubeconfig, *QUEUED, "--toleration", "spot=false:NoSchedule",
                      "--node-selector", "pool=ml")
-    assert changed.exit_code == 1 and "with a different spec" in changed.output
+    assert changed.exit_code == 8 and "with a different spec" in changed.output
     assert "tolerations" in changed.output
 
 

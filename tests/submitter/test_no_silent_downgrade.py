@@ -81,7 +81,7 @@ def test_without_the_right_to_read_crds_strict_validation_is_the_backstop(api, k
 
     api.emulator.validate("rayjobs", v1_5_0_api_server(api))
     result = submit(runner, kubeconfig)
-    assert result.exit_code == 1
+    assert result.exit_code == 10
     assert "unknown field" in result.output and "upgrade KubeRay" in result.output and "1.5.1" in result.output
     assert "nothing was written" in result.output
     assert [q.get("fieldValidation") for m, p, q in api.emulator.log if m in WRITES] == \

@@ -104,7 +104,7 @@ def test_report_without_matplotlib_exits_2_with_the_pip_command(runner, tmp_path
 
 def test_report_of_a_missing_run_is_one_line(runner, tmp_path):
     result = runner.invoke(main, ["report", NAME, "--storage-path", str(tmp_path)])
-    assert result.exit_code == 1 and len(result.stderr.strip().splitlines()) == 1
+    assert result.exit_code == 6 and len(result.stderr.strip().splitlines()) == 1
     assert "--storage-path" in result.stderr
 
 

@@ -56,7 +56,7 @@ def test_a_run_missing_from_the_bucket_is_one_line(s3_server, runner, tmp_path):
     s3_server.make_bucket(BUCKET)
     result = runner.invoke(main, ["report", NAME, "--storage-path", f"s3://{BUCKET}/runs",
                                   "--output-dir", str(tmp_path)])
-    assert result.exit_code == 1
+    assert result.exit_code == 6
     assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.output
     assert f"no events.jsonl for run {NAME} under s3://{BUCKET}/runs" in result.stderr
 

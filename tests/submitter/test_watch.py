@@ -154,7 +154,7 @@ def test_bad_timeout_is_a_usage_error(api, job, kubeconfig, runner):
 
 def test_watch_of_a_missing_job_is_not_found(api, kubeconfig, runner):
     result = run_watch(runner, kubeconfig)
-    assert result.exit_code == 1 and "not found" in result.stderr
+    assert result.exit_code == 6 and "not found" in result.stderr
 
 
 def test_dropped_stream_is_resumed_without_losing_or_duplicating_events(api, job, kubeconfig, runner):
@@ -404,8 +404,9 @@ def test_watch_of_an_unreachable_api_exits_4(tmp_path, runner, monkeypatch):
 
 
 def test_watch_help_documents_exit_codes_0_1_3_4(runner):
-    text = runner.invoke(main, ["watch", "--help"]).output
-    for code in ("0  succeeded", "1  failed", "3  --timeout", "4  could not observe"):
+    text = " ".join(runner.invoke(main, ["watch", "--help"]).output.split())
+    for code in ("0 done; for watch, the job succeeded", "1 the job failed", "3 watch --timeout",
+                 "4 the API could not be asked", "6 not found"):
         assert code in text, code
     assert "--request-timeout" in text
 
