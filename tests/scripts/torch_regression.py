@@ -6,7 +6,8 @@ checkpoints on SIGTERM with training.script.should_stop(). Test knobs (arguments
 --epochs N, --workers N, --crash-once FILE (rank 1 dies once at epoch 2: a worker failure;
 with --crash-after-saved EVENTS, only once that events file says a checkpoint was registered),
 --storage-path P (the script sets its own, which the runner checks), --sleep S per epoch,
---checkpoint-every N epochs (and whenever should_stop() says so).
+--checkpoint-every N epochs (and whenever should_stop() says so), --fail-at N (rank 1 raises
+ValueError at epoch N, every time: a failing run), --max-failures N (FailureConfig's, 2).
 """
 
 import argparse
@@ -52,6 +53,8 @@ def train_func(config):
             _wait_for_a_registered_checkpoint(config["crash_after_saved"])
             open(config["crash_once"], "w").close()
             os._exit(1)                                   # a worker dies mid-run
+        if epoch == config["fail_at"] and rank == 1:
+            raise ValueError(f"bad batch at epoch {epoch}")  # a user's bug: the run fails
         loss = torch.nn.functional.mse_loss(model(x), y)
         opt.zero_grad()
         loss.backward()
@@ -79,14 +82,17 @@ if __name__ == "__main__":
     p.add_argument("--storage-path", default=None)
     p.add_argument("--sleep", type=float, default=0.0)
     p.add_argument("--checkpoint-every", type=int, default=1)
+    p.add_argument("--fail-at", type=int, default=-1)
+    p.add_argument("--max-failures", type=int, default=2)
     a = p.parse_args()
     run_config = RunConfig(storage_path=a.storage_path,
-                           failure_config=FailureConfig(max_failures=2))
+                           failure_config=FailureConfig(max_failures=a.max_failures))
     trainer = TorchTrainer(train_func,
                            train_loop_config={"epochs": a.epochs, "crash_once": a.crash_once,
                                               "crash_after_saved": a.crash_after_saved,
                                               "sleep": a.sleep,
-                                              "checkpoint_every": a.checkpoint_every},
+                                              "checkpoint_every": a.checkpoint_every,
+                                              "fail_at": a.fail_at},
                            scaling_config=ScalingConfig(num_workers=a.workers,
                                                         resources_per_worker={"CPU": 0.5}),
                            run_config=run_config)

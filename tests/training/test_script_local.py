@@ -1,7 +1,9 @@
 """`submitter submit --local --script`: a user's own Ray Train script, end to end, with the
 GPT-2 job's guarantees: events, checkpoints in the run's directory, a worker failure that
 resumes, a second start that resumes, an ephemeral storage_path refused at the script's line,
-changed code refused, and a script that is not a Ray Train script still runs."""
+changed code refused, a run that fails naming its worker's error, every driver session and the
+workers' errors kept under the run (`submitter logs`), and a script that is not a Ray Train
+script still runs."""
 
 from __future__ import annotations
 
@@ -98,7 +100,9 @@ def _preempt(storage, name, proc, after):
     return code
 
 
-def test_a_torch_trainer_script_gets_storage_events_and_resume(storage, tmp_path):
+def test_a_torch_trainer_script_gets_storage_events_and_resume(storage, tmp_path, runner):
+    from submitter.cli import main as cli
+
     run_dir = storage / "reg"
     crash = tmp_path / "crashed-once"
     first = _submit(storage, "reg", SCRIPTS / "torch_regression.py", "--epochs", "4",
@@ -144,15 +148,27 @@ def test_a_torch_trainer_script_gets_storage_events_and_resume(storage, tmp_path
     at = saved[-1]["epoch"]
     assert at < 39  # stopped early, by the signal
 
-    # the next start resumes from the preemption checkpoint
-    third = _submit(storage, "reg", SCRIPTS / "torch_regression.py", "--epochs", str(at + 2))
-    assert third.returncode == 0, third.stdout[-3000:] + third.stderr[-3000:]
+    # the next start resumes from the preemption checkpoint; then rank 1's train_func raises
+    third = _submit(storage, "reg", SCRIPTS / "torch_regression.py", "--epochs", str(at + 3),
+                    "--fail-at", str(at + 2), "--max-failures", "0")
+    assert third.returncode == 1, third.stdout[-3000:] + third.stderr[-3000:]
     after = _events(run_dir)[len(events) + len(new):]
     new += after
     assert [e["type"] for e in after][:2] == ["run_started", "run_resumed"]
     assert after[1]["resumed_from"] == saved[-1]["path"]
     assert next(e for e in after if e["type"] == "progress")["epoch"] == at + 1
-    assert after[-1]["type"] == "run_finished"
+    # the run's end names the worker's own error, not Ray's "Training failed due to ..."
+    error = f"ValueError: bad batch at epoch {at + 2} (rank 1)"
+    assert after[-1]["type"] == "run_failed" and after[-1]["error"] == error, after[-1]
+    assert f"training failed: {error}" in third.stdout
+
+    # each of the three drivers' output, and the worker's error, kept under the run (#33)
+    shown = runner.invoke(cli, ["logs", "reg", "--storage-path", str(storage)])
+    assert shown.exit_code == 0 and "3 driver session(s)" in shown.stderr, shown.output
+    assert shown.stdout.count("=== driver session ") == 3
+    assert "script: torch_regression.py" in shown.stdout and "final loss" in shown.stdout
+    assert "--- worker-1.err.log ---" in shown.stdout
+    assert f"ValueError: bad batch at epoch {at + 2}" in shown.stdout.split("--- worker-1.err.log")[1]
 
     # a storage_path of the script's own under /tmp: refused before any training, at its line
     refused = _submit(storage, "reg", SCRIPTS / "torch_regression.py", "--storage-path",
