@@ -21,10 +21,11 @@ from typing import Any, Mapping
 from submitter.contract import events as ev
 from submitter.contract import naming
 from submitter.contract.errors import NotFound, UsageError
+from submitter.contract.stack import pip_install
 
 #: The PNG's size in pixels (FIGSIZE inches x DPI).
 FIGSIZE, DPI = (10.0, 7.0), 100
-PIP_HINT = "pip install 'submitter[report]'"
+PIP_HINT = pip_install("report")
 
 
 @dataclass(frozen=True)

@@ -38,7 +38,7 @@ def test_the_entrypoint_loads_heavy_libraries_only_where_it_trains():
 
 
 def test_the_cli_install_has_no_training_stack_and_the_extra_has_all_of_it():
-    """`pip install submitter` is the CLI; `submitter[train]` adds what the entrypoint checks for."""
+    """`pip install submitter-gpt2` is the CLI; `submitter-gpt2[train]` adds what the entrypoint checks for."""
     import re
     import tomllib
 

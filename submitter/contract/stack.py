@@ -1,4 +1,7 @@
-"""Which install a command needs: `pip install submitter` is the CLI; training needs an extra.
+"""Which install a command needs: `pip install submitter-gpt2` is the CLI; training needs an extra.
+
+The distribution is `submitter-gpt2` (`DISTRIBUTION`): `submitter` on PyPI is another project.
+The import package and the command are `submitter`; every install hint names the distribution.
 
 `submit --local` (on the laptop) and `python -m training` (anywhere) both check for the
 training stack before they start, and say the exact pip command when it is missing. They ask
@@ -15,14 +18,24 @@ from typing import Optional
 from submitter.contract.errors import UsageError
 from submitter.contract.naming import OFFLINE_DATASET
 
+#: This project's name on PyPI (pyproject.toml's [project] name).
+DISTRIBUTION = "submitter-gpt2"
+
+
+def pip_install(extra: str, note: str = "") -> str:
+    """The command that installs one of the project's extras (quoted for any shell), and its
+    form in a clone of the repository (the way to install before a release is on PyPI)."""
+    return f'pip install "{DISTRIBUTION}[{extra}]" (in a checkout: pip install -e ".[{extra}]"{note})'
+
+
 #: Top-level modules every training run imports.
 CORE_MODULES = ("ray", "torch", "transformers", "tiktoken", "pyarrow")
 #: ... and those only a Hugging Face Hub data set needs.
 HUB_MODULES = ("datasets",)
 #: Everything the `train` extra must install.
 TRAINING_MODULES = CORE_MODULES + HUB_MODULES
-INSTALL_TRAIN = ('pip install "submitter[train]" (in a checkout: pip install -e ".[train]"; '
-                 "for CPU-only torch install torch==2.13.0 from https://download.pytorch.org/whl/cpu first)")
+INSTALL_TRAIN = pip_install("train", "; for CPU-only torch install torch==2.13.0 from "
+                                     "https://download.pytorch.org/whl/cpu first")
 
 
 def uses_hub_dataset(dataset: Optional[str], data: Optional[str]) -> bool:

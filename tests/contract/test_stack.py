@@ -37,7 +37,7 @@ def test_a_hub_data_set_still_needs_it_and_says_why(no_datasets):
     with pytest.raises(UsageError) as e:
         stack.require_training_stack("python -m training", "Salesforce/wikitext", None)
     assert "datasets is not installed (for the Hugging Face data set; --data FILE" in str(e.value)
-    assert 'pip install "submitter[train]"' in str(e.value) and e.value.exit_code == 2
+    assert 'pip install "submitter-gpt2[train]"' in str(e.value) and e.value.exit_code == 2
 
 
 def test_the_entrypoint_passes_the_jobs_data_to_the_check(no_datasets, monkeypatch, capsys, tmp_path):
@@ -86,3 +86,23 @@ def test_a_local_data_run_trains_without_datasets(storage, tmp_path):
                           env=env, capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "run_finished" in proc.stdout
+
+
+def test_every_install_hint_names_this_projects_distribution():
+    """`submitter` on PyPI is another project (issue 33): pyproject's name is DISTRIBUTION, and
+    no page, hint or comment says `pip install submitter` or `submitter[extra]`."""
+    import re
+    import tomllib
+
+    from tests.conftest import ROOT
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert project["name"] == stack.DISTRIBUTION
+    assert f"{stack.DISTRIBUTION}[docs]" in " ".join(project["optional-dependencies"]["test"])
+    wrong = re.compile(r"""pip install\s+(?:-U\s+)?['"]?submitter(?![-\w])|(?<![-\w/])submitter\[""")
+    files = [ROOT / "README.md", ROOT / "pyproject.toml", *(ROOT / "docs").rglob("*.md"),
+             *(ROOT / "charts").rglob("*.*"), *(ROOT / "submitter").rglob("*.py"),
+             *(ROOT / "training").rglob("*.py")]
+    found = [f"{f.relative_to(ROOT)}:{n}" for f in files
+             for n, line in enumerate(f.read_text(errors="replace").splitlines(), 1) if wrong.search(line)]
+    assert found == [], "say pip install submitter-gpt2 (stack.DISTRIBUTION)"

@@ -230,7 +230,7 @@ def test_without_the_training_stack_local_exits_2_with_the_pip_command(runner, m
                         lambda name: None if name in ("ray", "torch") else object())
     result = runner.invoke(main, ["submit", "--local", "--storage-path", "/data/x"])
     assert result.exit_code == 2
-    assert "ray, torch are not installed" in result.output and 'pip install "submitter[train]"' in result.output
+    assert "ray, torch are not installed" in result.output and 'pip install "submitter-gpt2[train]"' in result.output
 
 
 @pytest.mark.slow

@@ -99,7 +99,8 @@ def test_report_without_matplotlib_exits_2_with_the_pip_command(runner, tmp_path
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import fails as if not installed
     result = runner.invoke(main, ["report", NAME, "--storage-path", str(tmp_path)])
     assert result.exit_code == 2
-    assert result.stderr.strip() == "error: submitter report needs matplotlib: pip install 'submitter[report]'"
+    assert result.stderr.strip() == ('error: submitter report needs matplotlib: pip install '
+                                     '"submitter-gpt2[report]" (in a checkout: pip install -e ".[report]")')
 
 
 def test_report_of_a_missing_run_is_one_line(runner, tmp_path):

@@ -67,7 +67,8 @@ def test_without_pyarrow_an_object_store_report_exits_2_with_the_pip_command(run
     result = runner.invoke(main, ["report", NAME, "--storage-path", "gs://bucket/runs"])
     assert result.exit_code == 2
     assert result.stderr.strip() == ("error: submitter report --storage-path s3://|gs://|abfss://... "
-                                     "needs pyarrow: pip install 'submitter[report]'")
+                                     'needs pyarrow: pip install "submitter-gpt2[report]" (in a checkout: '
+                                     'pip install -e ".[report]")')
 
 
 def test_the_cli_and_a_local_report_never_import_pyarrow(tmp_path):

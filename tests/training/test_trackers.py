@@ -404,9 +404,9 @@ def test_a_tracker_asked_for_but_not_installed_is_one_line_naming_the_pip_comman
     assert tr.check_installed({}, find) == ["tensorboard"]
     with pytest.raises(UsageError) as e:
         tr.check_installed({"MLFLOW_TRACKING_URI": "http://x"}, find)
-    assert "pip install 'submitter[mlflow]'" in str(e.value) and "\n" not in str(e.value)
+    assert 'pip install "submitter-gpt2[mlflow]"' in str(e.value) and "\n" not in str(e.value)
     assert e.value.exit_code == 2
-    with pytest.raises(UsageError, match=r"submitter\[wandb\]"):
+    with pytest.raises(UsageError, match=r"submitter-gpt2\[wandb\]"):
         tr.check_installed({"WANDB_MODE": "offline"}, find)
 
 

@@ -42,6 +42,7 @@ from submitter.contract import events as ev
 from submitter.contract.errors import UsageError
 from submitter.contract.tracking import tracker_env_problem
 from submitter.contract.flops import mfu, peak_for, preset_flops_per_token
+from submitter.contract.stack import pip_install
 from training.run.object_store import split_uri
 from training.run.identity import RUN_FILE, is_local, join, read_json
 
@@ -83,9 +84,9 @@ def requested(environ: Mapping[str, str]) -> list[str]:
 
 
 #: tracker -> (module it needs, what to install, the variable that asked for it)
-_PACKAGES = {"tensorboard": ("tensorboardX", "pip install 'submitter[train]'", None),
-             "mlflow": ("mlflow", "pip install 'submitter[mlflow]'", "MLFLOW_TRACKING_URI"),
-             "wandb": ("wandb", "pip install 'submitter[wandb]'", "WANDB_API_KEY or WANDB_MODE")}
+_PACKAGES = {"tensorboard": ("tensorboardX", pip_install("train"), None),
+             "mlflow": ("mlflow", pip_install("mlflow"), "MLFLOW_TRACKING_URI"),
+             "wandb": ("wandb", pip_install("wandb"), "WANDB_API_KEY or WANDB_MODE")}
 
 
 def check_values(environ: Mapping[str, str]) -> None:
@@ -106,8 +107,8 @@ def check_installed(environ: Mapping[str, str],
         module, pip, variable = _PACKAGES[name]
         if find(module) is None:
             why = f"{variable} is set, but " if variable else ""
-            raise TrackerMissing(f"{why}{module} is not installed where the run's driver runs: "
-                                 f"{pip} (in the image too), or unset it")
+            raise TrackerMissing(f"{why}{module} is not installed where the run's driver runs "
+                                 f"(for a cluster job: in the image): {pip}, or unset it")
     return names
 
 
