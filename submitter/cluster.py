@@ -60,7 +60,10 @@ def submit_job(spec: JobSpec, *, plan: Plan | None = None, dry_run: str = "none"
     out, err = out or sys.stdout, err or sys.stderr
     if plan is None:  # api.submit passes the plan it rendered: one render per submit
         plan = render(spec)  # the storage policy refuses before anything touches the cluster
+    note = default_image_note(spec)
     if dry_run == "client":
+        if note:
+            err.write(note + "\n")
         _print_objects(list(plan), "json" if output == "json" else "yaml", out)
         return 0
     kube = kube or Kube(context=context, kubeconfig=kubeconfig, request_timeout=request_timeout)
@@ -78,6 +81,8 @@ def submit_job(spec: JobSpec, *, plan: Plan | None = None, dry_run: str = "none"
         if line:
             err.write(line + "\n")
     report, applied = install(kube, objects, live, dry_run_only=dry_run == "server")
+    if note:  # once it applied: a refusal or a failure stays one line
+        err.write(note + "\n")
     if output in ("json", "yaml"):
         _print_objects(applied, output, out, compact=watch)  # with --watch: JSON lines follow
     else:
@@ -97,6 +102,16 @@ def submit_job(spec: JobSpec, *, plan: Plan | None = None, dry_run: str = "none"
     if watch and dry_run == "none":
         return watch_job(kube, spec.namespace, spec.name, output=output, out=out, err=err)
     return 0
+
+
+def default_image_note(spec: JobSpec) -> str | None:
+    """The line `submit` prints when the job runs the project's default image (no --image):
+    which one, and how to run your own. The default exists only once the release workflow has
+    pushed that version; a cluster that cannot pull it leaves the pods in ErrImagePull."""
+    if spec.image is not None:
+        return None
+    return (f"image: {spec.resolved_image} (the project's default, pushed by its release "
+            "workflow); to run your own build, push it and pass --image REGISTRY/NAME:TAG")
 
 
 def watch_job(kube: Kube, namespace: str, name: str, *, output: str = "text", timeout: float | None = None,

@@ -98,10 +98,30 @@ def test_dry_run_client_prints_objects_and_sends_nothing(api, kubeconfig, runner
                           ("json", lambda t: json.loads(t)["items"])):
         result = submit(runner, kubeconfig, "--dry-run=client", "-o", output)
         assert result.exit_code == 0, result.output
-        kinds = [o["kind"] for o in parse(result.output)]
+        kinds = [o["kind"] for o in parse(result.stdout)]
         assert kinds == ["PersistentVolumeClaim", "ServiceAccount", "Role", "RoleBinding", "ConfigMap",
                          "NetworkPolicy", "RayJob"]
     assert api.emulator.log == []
+
+
+def test_a_default_image_is_named_in_one_line_with_the_way_to_use_your_own(api, kubeconfig, runner):
+    """The default image exists only once the release workflow pushed it (issue 33): submit
+    says which one a job runs and how to run your own, on stderr, so `-o yaml` stays YAML."""
+    from submitter.contract.spec import DEFAULT_GPU_IMAGE, DEFAULT_IMAGE
+
+    result = submit(runner, kubeconfig)
+    assert result.exit_code == 0, result.output
+    (line,) = [x for x in result.stderr.splitlines() if x.startswith("image: ")]
+    assert line.startswith(f"image: {DEFAULT_IMAGE} (the project's default") and "--image" in line
+    assert "image: " not in result.stdout
+    gpu = submit(runner, kubeconfig, "--name", "gpt2-gpu", "--gpu-per-pod", "1", "--dry-run=client",
+                 "-o", "yaml")
+    assert gpu.exit_code == 0, gpu.output
+    assert gpu.stderr.startswith(f"image: {DEFAULT_GPU_IMAGE} (") and gpu.stderr.count("\n") == 1
+    assert list(yaml.safe_load_all(gpu.stdout))[-1]["kind"] == "RayJob"
+    own = submit(runner, kubeconfig, "--name", "gpt2-own", "--image", "registry.example.com/ml/gpt2:1")
+    assert own.exit_code == 0, own.output
+    assert "image: " not in own.output and "--image" not in own.output
 
 
 def test_dry_run_server_sends_dry_run_all_and_persists_nothing(api, kubeconfig, runner):
