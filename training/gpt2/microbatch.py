@@ -34,6 +34,7 @@ class WorkerBatch:
     loss_weight: float      # what each micro-batch's mean loss is multiplied by
     fits: Optional[int]     # sequences that fit the device (None: the micro-batch is fixed)
     pace: int = 0           # the group's largest share (0: this one)
+    offset: int = 0         # where this worker's slice of a step starts (the shares before it)
 
     @property
     def equal(self) -> bool:
@@ -54,16 +55,18 @@ def worker_batch(resolved: batch.Resolved, world: int, rank: int,
     `fits`: the sequences that fit this device (used when the micro-batch is not fixed)."""
     if resolved.global_batch is None:  # CPU default: one fixed micro-batch per worker a step
         assert resolved.micro is not None
-        return WorkerBatch(resolved.micro, 1, resolved.micro, resolved.micro * world, 1.0, None)
-    share = batch.shares(resolved.global_batch, world, resolved.micro)[rank]
+        return WorkerBatch(resolved.micro, 1, resolved.micro, resolved.micro * world, 1.0, None,
+                           offset=rank * resolved.micro)
+    split = batch.shares(resolved.global_batch, world, resolved.micro)
+    share = split[rank]
     if resolved.micro is not None:
         micro, fits = resolved.micro, None
     else:
         fits = fits or resolved.fits or 1
         micro = batch.largest_divisor_at_most(share, fits)
     weight = batch.loss_weight(share, micro, world, resolved.global_batch)
-    pace = batch.shares(resolved.global_batch, world, resolved.micro)[0]
-    return WorkerBatch(micro, share // micro, share, resolved.global_batch, weight, fits, pace)
+    return WorkerBatch(micro, share // micro, share, resolved.global_batch, weight, fits,
+                       split[0], sum(split[:rank]))
 
 
 def paced(batches: Iterator[Any], accumulation: int, pace: int) -> Iterator[Any]:
