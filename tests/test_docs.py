@@ -122,22 +122,74 @@ def test_local_examples_train(example, storage):
 
 # --- the site ----------------------------------------------------------------------------------
 
-def test_mkdocs_build_strict(tmp_path):
-    """A broken link, a missing page or anchor, or a reference that no longer resolves fails."""
+@pytest.fixture(scope="module")
+def site(tmp_path_factory) -> Path:
+    """The site, built once for this module's checks; a strict build that fails fails them."""
+    out = tmp_path_factory.mktemp("site")
     done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir",
-                           str(tmp_path / "site")], cwd=ROOT, capture_output=True, text=True,
+                           str(out)], cwd=ROOT, capture_output=True, text=True,
                           env={**os.environ, "NO_MKDOCS_2_WARNING": "1"}, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
-    cli = (tmp_path / "site" / "reference" / "cli" / "index.html").read_text()
+    return out
+
+
+def test_mkdocs_build_strict(site):
+    """A broken link, a missing page or anchor, or a reference that no longer resolves fails."""
+    cli = (site / "reference" / "cli" / "index.html").read_text()
     from submitter.cli import main
 
     for name in main.list_commands(None):  # the lazily loaded cluster commands included
         assert f'id="submitter-{name}"' in cli, name
-    api = (tmp_path / "site" / "reference" / "api" / "index.html").read_text()
+    api = (site / "reference" / "api" / "index.html").read_text()
     for name in ("submit", "watch", "status", "stop", "resume", "delete"):
         assert f'id="submitter.api.{name}"' in api, name
-    helm = (tmp_path / "site" / "reference" / "helm-values" / "index.html").read_text()
+    helm = (site / "reference" / "helm-values" / "index.html").read_text()
     assert 'id="storagePath"' in helm and 'id="gpuPerPod"' in helm
+
+
+# --- lists that render flat: Python-Markdown is stricter than GitHub's CommonMark ----------------
+
+LIST_ITEM = re.compile(r"^( *)(?:[-*+]|\d+\.) ")
+FENCE = re.compile(r"^ *(```|~~~)")
+
+
+def shallow_list_items(text: str) -> list[int]:
+    """Line numbers (1-based) of list items indented 1-3 spaces, outside code blocks: Python-
+    Markdown nests a list only at 4 spaces, so these render as the parent list's siblings."""
+    found, fenced = [], False
+    for number, line in enumerate(text.splitlines(), 1):
+        if FENCE.match(line):
+            fenced = not fenced
+        elif not fenced and (match := LIST_ITEM.match(line)) and 0 < len(match.group(1)) < 4:
+            found.append(number)
+    return found
+
+
+def flat_list_lines(html: str) -> list[str]:
+    """Lines of a rendered paragraph or list item that start with a list marker: a list
+    Markdown took for text (no blank line before it, or a marker it did not nest)."""
+    html = re.sub(r"<(pre|code)\b.*?</\1>", "", html, flags=re.DOTALL)
+    return [line.strip() for block in re.findall(r"<(?:p|li)>(.*?)</(?:p|li)>", html, re.DOTALL)
+            for line in block.splitlines() if re.match(r"\s*(?:[-*+]|\d+\.) ", line)]
+
+
+def test_list_checks_catch_the_trap():
+    assert shallow_list_items("- a\n  - b\n    - c\n```\n  - code\n```\n") == [2]
+    assert flat_list_lines("<p>Text:\n- <strong>a</strong>\n- b</p><pre><code>- x</code></pre>") == [
+        "- <strong>a</strong>", "- b"]
+    assert flat_list_lines("<ul>\n<li>a, 1. b</li>\n</ul><p>x - y</p>") == []
+
+
+def test_no_nested_list_is_indented_less_than_four_spaces():
+    shallow = {str(page.relative_to(ROOT)): lines for page in sorted(DOCS.rglob("*.md"))
+               if (lines := shallow_list_items(page.read_text()))}
+    assert shallow == {}, "indent nested list items by 4 spaces (page: line numbers)"
+
+
+def test_no_list_renders_as_a_paragraph(site):
+    flat = {str(page.relative_to(site)): lines for page in sorted(site.rglob("*.html"))
+            if (lines := flat_list_lines(page.read_text()))}
+    assert flat == {}, "a list needs a blank line before it (page: lines that rendered as text)"
 
 
 def test_the_helm_values_reference_lists_every_key_of_the_schema():
