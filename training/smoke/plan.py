@@ -99,11 +99,10 @@ def _estimate(cases: Sequence[CasePlan]) -> float:
 
 
 def default_batch(memory_gib: Optional[float] = None) -> tuple[int, int]:
-    """(micro-batch, micro-batches a step) that the default GPU run (`--gpu-per-pod 1`, one
-    worker, gpt2-small) resolves. Today that is the job-level rule (submitter.contract.batch:
-    without --gpu-type it assumes a 16 GiB card, whatever this card has); `memory_gib` is what
-    the device says it has free, for when the micro-batch is chosen on the device (issue 23):
-    point this function at that rule then, and the reference and step cases follow."""
+    """(micro-batch, micro-batches a step) of the default GPU run (`--gpu-per-pod 1`, one
+    worker, gpt2-small): the job's global batch (submitter.contract.batch), in the largest
+    micro-batch that fits `memory_gib` and divides it, as the worker chooses on the device
+    (training.gpt2.microbatch). Without `memory_gib`: render's estimate for a 16 GiB card."""
     block = GPT2_SMALL["block"]
     r = resolve(gpu=True, model="gpt2-small", block=block, micro=None, global_batch=None,
                 min_workers=1, max_workers=1)
