@@ -17,6 +17,15 @@ def fmt(value: Any, spec: str = ".4f") -> str:
 def describe(event: Mapping[str, Any]) -> Optional[str]:
     """One human line per event (None: not worth a line)."""
     t = event.get("type")
+    if t == "run_started" and "corpus" in event:
+        return f"prepare {event['run_name']} started: {event['num_workers']} CPU(s), corpus {event['corpus']}"
+    if t == "prepare_progress":
+        return (f"shard {event['shards_done']}/{event['shards']} written  "
+                f"{event['tokens']:,} tokens  {fmt(event['tokens_per_sec'], ',.0f')} tok/s")
+    if t == "run_finished" and "corpus" in event:
+        already = " (prepared before: nothing written)" if event.get("already") else ""
+        return (f"corpus ready{already}: {event.get('shards')} shards, "
+                f"{fmt(event.get('tokens'), ',')} tokens, {event['corpus']}")
     if t == "run_started":
         return (f"run {event['run_name']} started: {event['num_workers']} worker(s), "
                 f"{event.get('epochs', '?')} epoch(s) x {event.get('steps_per_epoch', '?')} steps, "

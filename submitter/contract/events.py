@@ -38,6 +38,9 @@ REQUIRED: dict[str, frozenset[str]] = {
     # with backoff; tracker_recovered says it caught up (down_s: seconds it was failing)
     "tracker_failed": frozenset({"tracker", "error"}),
     "tracker_recovered": frozenset({"tracker"}),
+    # a prepare job (python -m training.prepare): a shard of the corpus is written; shards_done
+    # counts those of earlier (interrupted) runs too; tokens and tokens_per_sec are this run's
+    "prepare_progress": frozenset({"shards_done", "shards", "tokens", "tokens_per_sec"}),
 }
 EVENT_TYPES = tuple(REQUIRED)
 #: Fields some events carry besides the required ones (consumers treat all as optional).
@@ -47,7 +50,9 @@ OPTIONAL: dict[str, frozenset[str]] = {
                               "steps_per_epoch", "block_size", "batch_size_per_worker",
                               "precision", "compile",
                               # a --script run: the script's name in its code bundle
-                              "script"}),
+                              "script",
+                              # a prepare job: the corpus directory it writes
+                              "corpus"}),
     # the first progress event of every (re)start says how the workers train; with compile on,
     # compile_s is the seconds the first step spent compiling (a restart that finds the run's
     # compile cache spends a few), and the inductor cache's hits/misses (fxgraph_cache_hit ...)
@@ -67,12 +72,16 @@ OPTIONAL: dict[str, frozenset[str]] = {
     # export_dir: the Hugging Face directory; sample: sample_prompt (from the data) continued at a temperature
     "run_finished": frozenset({"epoch", "step", "train_loss", "val_loss", "tokens_per_sec",
                                "checkpoint_dir", "latest_checkpoint", "best_checkpoint",
-                               "export_dir", "sample_prompt", "sample", "export_error"}),
+                               "export_dir", "sample_prompt", "sample", "export_error",
+                               # a prepare job: the corpus, its shards and tokens, documents
+                               # read; already: it was prepared before and nothing was written
+                               "corpus", "shards", "tokens", "documents", "already"}),
     # reason: preemption when the driver got SIGTERM (the run is retryable)
     "run_failed": frozenset({"reason"}),
     # a --script run: error, one line per failed worker (rank: exception)
     "worker_group_restarted": frozenset({"error"}),
     "tracker_recovered": frozenset({"down_s"}),
+    "prepare_progress": frozenset({"documents", "shard"}),
 }
 
 
@@ -216,6 +225,8 @@ def apply(state: ProgressState, event: Mapping[str, Any]) -> ProgressState:
         return replace(state, status="finished", metrics=metrics, **common)
     if etype == "run_failed":
         return replace(state, status="failed", error=e["error"], **common)
+    if etype == "prepare_progress":
+        return replace(state, status="running", tokens_per_sec=e["tokens_per_sec"], **common)
     return replace(state, **common)
 
 

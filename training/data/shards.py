@@ -95,13 +95,19 @@ def write_shard(fs: Any, path: str, tokens: Any, dtype: str) -> int:
     mounted filesystem the file appears whole (written beside it, then moved): an interrupted
     prepare never leaves a shard that looks complete. An object store's PUT is whole already."""
     data = shard_bytes(tokens, dtype)
+    write_whole(fs, path, data)
+    return (len(data) - HEADER_BYTES) // itemsize(dtype)
+
+
+def write_whole(fs: Any, path: str, data: bytes) -> None:
+    """Write a file so that it appears whole or not at all: on a local or mounted filesystem
+    beside it, then moved; an object store's PUT is whole already."""
     local = type(fs).__name__ == "LocalFileSystem"
     target = f"{path}.partial" if local else path
     with fs.open_output_stream(target) as out:
         out.write(data)
     if local:
         fs.move(target, path)
-    return (len(data) - HEADER_BYTES) // itemsize(dtype)
 
 
 @dataclass(frozen=True)
@@ -171,13 +177,7 @@ def read_manifest(fs: Any, root: str) -> Optional[Manifest]:
 
 def write_manifest(fs: Any, root: str, manifest: Manifest) -> None:
     """Written last, whole (local: beside it, then moved)."""
-    path = f"{root.rstrip('/')}/{MANIFEST}"
-    local = type(fs).__name__ == "LocalFileSystem"
-    target = f"{path}.partial" if local else path
-    with fs.open_output_stream(target) as out:
-        out.write(manifest.to_json().encode("utf-8"))
-    if local:
-        fs.move(target, path)
+    write_whole(fs, f"{root.rstrip('/')}/{MANIFEST}", manifest.to_json().encode("utf-8"))
 
 
 def check_files(fs: Any, root: str, manifest: Manifest) -> None:

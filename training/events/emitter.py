@@ -219,11 +219,11 @@ class RunEmitter(Emitter):
         super().__init__(*run_sinks(run_dir, environ))
 
 
-def run_sinks(run_dir: Optional[str],
-              environ: Mapping[str, str]) -> tuple[list[Any], list[dict[str, Any]]]:
+def run_sinks(run_dir: Optional[str], environ: Mapping[str, str],
+              trackers: bool = True) -> tuple[list[Any], list[dict[str, Any]]]:
     """The run's sinks and its event history: events.jsonl under run_dir (a filesystem
     storage path), the ConfigMap if the environment names one; seq continues from whichever
-    holds the most history."""
+    holds the most history. `trackers`: the metrics trackers too (a training run's)."""
     sinks: list[Any] = []
     history: list[dict[str, Any]] = []
     if run_dir is not None:
@@ -240,7 +240,7 @@ def run_sinks(run_dir: Optional[str],
             history = cm_history
         cm.continue_from(history)
         sinks.append(cm)
-    if run_dir is not None:  # TensorBoard always; MLflow, W&B by their variables
+    if run_dir is not None and trackers:  # TensorBoard always; MLflow, W&B by their variables
         from training.events.trackers import TrackerSink
 
         sinks.append(TrackerSink(run_dir, {**os.environ, **environ}, history))

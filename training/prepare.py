@@ -1,0 +1,164 @@
+"""`python -m training.prepare`: the prepare job's program (`submitter data prepare`).
+
+Given the job as data like `python -m training` (the JSON document in `$SUBMITTER_JOB`, or
+`--job`, flags override), it turns the job's data settings (--data / --dataset /
+--dataset-config / --data-format / --text-column, --tokenizer / --bpe-file, --val-percent) into
+the prepared corpus `--name` at `<storage>/corpora/<name>` (`<storage>/<namespace>/corpora/<name>`
+in a cluster), on Ray Data across the cluster's CPUs (training.data.prepare). The storage is
+checked as for a run first. Events (stdout, `<corpus>/events.jsonl`, the job's progress
+ConfigMap) say each shard written; the driver's output is kept in `<corpus>/logs/`.
+
+Exit codes as the training job's: 0 prepared (or already prepared: nothing written), 1 failed,
+2 bad input (a name that holds another corpus, a source that is not there, a storage path the
+policy refuses), 130 Ctrl-C, 143 SIGTERM (a retry continues shard by shard).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from typing import Any, Mapping, Optional, Sequence
+
+EXIT_PREEMPTED = 143
+
+
+class Terminated(Exception):
+    """SIGTERM (a preemption, `submitter stop`): the shards written so far stay."""
+
+
+def main(argv: Optional[Sequence[str]] = None, environ: Mapping[str, str] = os.environ) -> int:
+    from submitter.contract.errors import SubmitterError
+    from training.args import parse_args
+
+    try:
+        spec = parse_args(list(sys.argv[1:] if argv is None else argv), environ)
+        return run(spec, environ)
+    except SubmitterError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        return 130
+
+
+def corpus_dir(spec: Any, environ: Mapping[str, str]) -> tuple[str, str]:
+    """The corpus's directory (the storage checked where it runs, as a run's) and the line
+    saying where it goes."""
+    from submitter.contract.storage import corpus_root
+    from training.run.mounts import checked_run_root
+
+    root, line = checked_run_root(spec, environ)  # <storage> here, <storage>/<namespace> in a pod
+    return corpus_root(root, None, spec.name), line
+
+
+def run(spec: Any, environ: Mapping[str, str]) -> int:
+    from submitter.contract.errors import UsageError
+    from training.data import prepare as prep
+    from training.data.pipeline import _filesystem
+    from training.data.tokens import get_encoding, resolve_tokenizer
+    from training.data.shards import tokenizer_identity
+
+    corpus, storage_line = corpus_dir(spec, environ)
+    print(f"{storage_line}\ncorpus: {corpus}", flush=True)
+    try:
+        tokenizer, why = resolve_tokenizer(spec.tokenizer, spec.bpe_file, environ)
+    except (RuntimeError, OSError, ValueError) as e:
+        raise UsageError(f"tokenizer: {e}") from None
+    source = prep.resolve_source(spec.dataset, spec.dataset_config, spec.data, spec.data_format,
+                                 spec.text_column)
+    size = sum(f.size for f in source.files)
+    print(f"data: {source.what} ({source.fmt}, {len(source.files)} file(s), {size / 1e6:,.1f} MB"
+          f"{', validation split' if source.has_val_split else ''}; fingerprint "
+          f"{source.fingerprint()})", flush=True)
+    print(why, flush=True)
+    fs, root = _filesystem(corpus)
+    key = prep.plan_key(source, tokenizer_identity(get_encoding(tokenizer)), spec.val_percent)
+    done = prep.existing(fs, root, spec.name, key)
+    if done is not None:  # events to stdout and the ConfigMap only: the corpus is not touched
+        emitter = _emitter(None, environ)
+        emitter.emit("run_finished", **_finished(corpus, done, already=True))
+        print(f"{corpus} is already prepared from this source and tokenizer: nothing to do",
+              flush=True)
+        return 0
+    from training.run.logs import kept_logs
+
+    fs.create_dir(root, recursive=True)
+    with kept_logs(corpus, spec.to_dict()):  # <corpus>/logs/: outlives the pods
+        return _prepare(spec, source, tokenizer, fs, root, corpus, environ)
+
+
+def _prepare(spec: Any, source: Any, tokenizer: Any, fs: Any, root: str, corpus: str,
+             environ: Mapping[str, str]) -> int:
+    from training.data import prepare as prep
+
+    emitter = _emitter(corpus, environ)
+    cpus = _start_ray()
+    emitter.emit("run_started", run_name=spec.name, num_workers=cpus, storage_path=corpus,
+                 run_dir=corpus, corpus=corpus, data=source.what, tokenizer=tokenizer.describe())
+
+    def progress(p: Any) -> None:
+        emitter.emit("prepare_progress", shards_done=p.shards_done, shards=p.shards,
+                     tokens=p.tokens, tokens_per_sec=round(p.tokens_per_sec, 1),
+                     documents=p.documents, shard=p.last)
+
+    previous = signal.signal(signal.SIGTERM, _terminate)
+    try:
+        outcome = prep.prepare(source, fs, root, tokenizer, name=spec.name,
+                               val_percent=spec.val_percent, on_progress=progress)
+    except Terminated:
+        emitter.emit("run_failed", error="stopped by SIGTERM; prepare again to continue shard "
+                                         "by shard", reason="preemption")
+        return EXIT_PREEMPTED
+    except KeyboardInterrupt:
+        emitter.emit("run_failed", error="interrupted (Ctrl-C); prepare again to continue "
+                                         "shard by shard")
+        return 130
+    except Exception as e:  # noqa: BLE001 - said as an event and exit 1 (a bad input raised earlier)
+        from submitter.contract.errors import SubmitterError
+
+        if isinstance(e, SubmitterError):
+            raise
+        emitter.emit("run_failed", error=f"{type(e).__name__}: {e}")
+        print(f"error: prepare failed: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    emitter.emit("run_finished", **_finished(corpus, outcome.manifest, already=outcome.already),
+                 tokens_per_sec=outcome.facts.get("tokens_per_sec"))
+    return 0
+
+
+def _finished(corpus: str, manifest: Any, already: bool) -> dict[str, Any]:
+    return {"corpus": corpus, "shards": len(manifest.shards), "tokens": manifest.tokens(),
+            "documents": manifest.extra.get("prepare", {}).get("documents"), "already": already}
+
+
+def _terminate(signum: int, frame: Any) -> None:
+    raise Terminated()
+
+
+def _emitter(corpus: Optional[str], environ: Mapping[str, str]) -> Any:
+    """Events to stdout, `<corpus>/events.jsonl` (None: not written) and the job's ConfigMap."""
+    from training.events.emitter import Emitter, StdoutSink, run_sinks
+
+    sinks, history = run_sinks(corpus, environ, trackers=False)
+    return Emitter([StdoutSink(), *sinks], history)
+
+
+def _start_ray() -> int:
+    """Ray: the cluster's (a pod: RAY_ADDRESS) or one on this machine; its CPUs."""
+    import logging
+
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(logging_level=logging.WARNING, log_to_driver=False,
+                 **({} if os.environ.get("RAY_ADDRESS") else {"include_dashboard": False}))
+    import ray.data
+
+    ray.data.DataContext.get_current().enable_progress_bars = False
+    return int(ray.cluster_resources().get("CPU", 0)) or 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
