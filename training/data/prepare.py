@@ -172,7 +172,7 @@ def hub_files(fs: Any, root: str, config: Optional[str], dataset: str) -> list[F
     else:
         base = f"{root}/{config}" if config and fs.isdir(f"{root}/{config}") else (
             f"{root}/data" if fs.isdir(f"{root}/data") else root)
-        for path, info in fs.glob(f"{base}/**.parquet", detail=True).items():
+        for path, info in fs.glob(f"{base}/**/*.parquet", detail=True).items():
             found[path] = {**info, "split": split_of(path[len(base):])}
     files = [FileRef(p, p[len(root):].lstrip("/"), int(i.get("size") or 0), _version(i), i["split"])
              for p, i in sorted(found.items())
