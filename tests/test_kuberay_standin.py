@@ -475,6 +475,13 @@ def test_your_own_script_ships_in_a_configmap_or_the_bucket_and_resumes_after_a_
     for attempt in cluster.standin.attempts:  # the hub (ConfigMap writer) ran on the head
         nodes = attempt.node_of("ScriptHub")
         assert nodes and all(n.get("is_head_node") for n in nodes), attempt.actors
+    # the script's driver output and the lost workers' errors outlive the pods, in the bucket,
+    # as the GPT-2 job's do (#33)
+    kept = cluster.cli("logs", NAME)
+    assert kept.exit_code == 0 and "the run's stored logs at s3://" in kept.stderr, kept.output
+    assert kept.stdout.count("=== driver session ") == len(cluster.standin.attempts)
+    assert "script: torch_regression.py" in kept.stdout and "final loss" in kept.stdout
+    assert "worker error log(s)" in kept.stderr and ".err.log ---" in kept.stdout, kept.output
 
     big = tmp_path / "project"
     big.mkdir()
@@ -492,4 +499,7 @@ def test_your_own_script_ships_in_a_configmap_or_the_bucket_and_resumes_after_a_
     text = cluster.s3.read_text(f"{BUCKET}/runs/default/standin-big/{naming.EVENTS_FILE}")
     progress = [e for e in ev.parse_lines(text or "") if e["type"] == "progress"]
     assert [e["epoch"] for e in progress] == [0, 1] and "estimate" in progress[-1]["metrics"]
+    kept = cluster.cli("logs", "standin-big")
+    assert "1 driver session(s), 0 worker error log(s)" in kept.stderr, kept.output
+    assert "script: ray_data_mean.py" in kept.stdout and "run_finished" in kept.stdout
     assert any(o.endswith(".zip") for o in cluster.s3.list(f"{BUCKET}/runs/default/standin-big/code"))
