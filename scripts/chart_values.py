@@ -30,7 +30,7 @@ CHART_NOTES = {
     "script": "the chart cannot pack code: give it the values `submitter render --script FILE "
               "--helm-values` writes (they add `code`); without `code` the chart refuses it",
     "name": 'empty ("") = the Helm release name',
-    "namespace": "when left at the default, the release namespace (helm -n) is used instead",
+    "namespace": "the objects go to the release namespace (helm -n); a value other than default must name that namespace, or the chart fails with the fix",
 }
 #: The JSON type of each Python field type. `--set learningRate=0.001` arrives as a string
 #: (Helm's --set parses only ints and bools), so a float also takes numeric text.

@@ -15,6 +15,7 @@ input, `ClusterError` and its subclasses for the API server, `WatchTimeout`), ne
 
 from __future__ import annotations
 
+import dataclasses
 import io
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterator, TextIO
@@ -35,6 +36,16 @@ def _namespace(namespace: str | None, context: str | None, kubeconfig: str | Non
     from submitter.cli_options import default_namespace
 
     return default_namespace(context, kubeconfig)
+
+
+def placed(spec: JobSpec, context: str | None = None, kubeconfig: str | None = None) -> JobSpec:
+    """The spec `submit` applies: built without a namespace, it goes to the kubeconfig context's
+    namespace, as `submitter submit` and kubectl do (`render` keeps JobSpec's `default`: GitOps
+    output depends on its input alone). The rule: docs/gitops.md, "Which namespace"."""
+    if "namespace" in spec.given():
+        return spec
+    namespace = _namespace(None, context, kubeconfig)
+    return spec if namespace == spec.namespace else dataclasses.replace(spec, namespace=namespace)
 
 
 def render(spec: JobSpec) -> "Plan":
@@ -67,6 +78,7 @@ def submit(spec: JobSpec, *, dry_run: str = "none", context: str | None = None,
     --script job's code is packed once, and a bucket bundle uploaded before the apply)."""
     from submitter.cluster import submit_job
 
+    spec = placed(spec, context, kubeconfig)
     plan = render(spec)
     captured = io.StringIO() if out is None else None
     code = submit_job(spec, plan=plan, dry_run=dry_run, watch=watch, output=output,

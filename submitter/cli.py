@@ -18,7 +18,8 @@ import click
 
 from submitter import __version__
 from submitter.cli_help import GroupedCommand, exit_codes_epilog
-from submitter.cli_options import cluster_options, default_namespace, request_timeout
+from submitter.cli_options import (NAMESPACE_HELP, cluster_options, context_namespace_options,
+                                   default_namespace, request_timeout, spec_namespace)
 from submitter.contract.errors import SubmitterError, UsageError
 from submitter.contract.spec import JobSpec, defaults, field_types, flag_name, parse_pairs
 
@@ -50,6 +51,8 @@ def _spec_params() -> tuple[click.Parameter, ...]:
         meta = f.metadata
         default = _DEFAULTS[f.name]
         shown = "" if default in (None, "", {}, []) else f" [default: {default}]"
+        if f.name == "namespace":  # its default depends on the command: the one rule, said once
+            meta, shown = {**meta, "help": NAMESPACE_HELP}, ""
         decls = [flag_name(f.name)] + ([meta["short"]] if meta["short"] else [])
         kind = types[f.name]
         if kind is bool:
@@ -103,11 +106,16 @@ def with_script_argv(options: dict[str, Any], argv: tuple[str, ...]) -> dict[str
     return options
 
 
-def build_spec(options: dict[str, Any], context: str | None = None, kubeconfig: str | None = None) -> JobSpec:
-    """The job's spec; without -n and a job-file namespace, the kubeconfig context's (kubectl's rule)."""
+def build_spec(options: dict[str, Any], context: str | None = None, kubeconfig: str | None = None,
+               *, from_context: bool = False) -> JobSpec:
+    """The job's spec. Without -n and a job-file namespace: `default`, unless `from_context`
+    (submit; render and init with --namespace-from-context) or --context/--kubeconfig given,
+    which read the kubeconfig context's (cli_options.spec_namespace, the one rule)."""
     file_values, flags = spec_values(options)
-    if "namespace" not in flags and "namespace" not in file_values:
-        flags["namespace"] = default_namespace(context, kubeconfig)
+    given = "namespace" in flags or "namespace" in file_values  # one spelling in every key style
+    namespace = spec_namespace(given, from_context, context, kubeconfig)
+    if namespace is not None:
+        flags["namespace"] = namespace
     return JobSpec.build(file_values, **flags)
 
 
@@ -206,8 +214,10 @@ def render_target(output: str | None, output_dir: str | None, helm_values: bool)
               help="write one file per object plus a kustomization.yaml into DIR (as -o DIR/)")
 @click.option("--helm-values", is_flag=True,
               help="print a values file for charts/submitter instead of the objects")
+@context_namespace_options
 @click.argument("script_argv", nargs=-1, metavar="[-- SCRIPT_ARGS...]")
 def render(output: str | None, output_dir: str | None, helm_values: bool,
+           namespace_from_context: bool, kube_context: str | None, kubeconfig: str | None,
            script_argv: tuple[str, ...], **options: Any) -> None:
     """Render the job's Kubernetes objects (RayJob, PVC, RBAC) for GitOps; no cluster needed.
 
@@ -226,7 +236,8 @@ def render(output: str | None, output_dir: str | None, helm_values: bool,
     from submitter.render import render as render_plan  # what api.render wraps, lighter
 
     kind, directory = render_target(output, output_dir, helm_values)
-    spec = build_spec(with_script_argv(options, script_argv))
+    spec = build_spec(with_script_argv(options, script_argv), kube_context, kubeconfig,
+                      from_context=namespace_from_context)
     plan = render_plan(spec)  # storage policy first: nothing is written when it refuses
     grace_warning(spec)
     if helm_values:
@@ -257,7 +268,9 @@ def render(output: str | None, output_dir: str | None, helm_values: bool,
 @spec_options
 @click.argument("path", default="job.yaml", metavar="[FILE]")
 @click.option("--force", is_flag=True, help="overwrite FILE if it exists")
-def init(path: str, force: bool, **options: Any) -> None:
+@context_namespace_options
+def init(path: str, force: bool, namespace_from_context: bool, kube_context: str | None,
+         kubeconfig: str | None, **options: Any) -> None:
     """Write a job file (default: job.yaml) with every setting, its help and its default, for
     the flags given; `render -f FILE` / `submit -f FILE` read it back to the same job.
 
@@ -272,7 +285,7 @@ def init(path: str, force: bool, **options: Any) -> None:
 
     from submitter.jobfile import dump
 
-    spec = build_spec(options)
+    spec = build_spec(options, kube_context, kubeconfig, from_context=namespace_from_context)
     render_plan_checked(spec)
     text = dump(spec)
     if path == "-":
@@ -341,7 +354,7 @@ def submit(local: bool, dry_run: str, watch_after: bool, output: str, kube_conte
         sys.exit(run_local(file_values, flags, output=output))
     from submitter import api
 
-    spec = build_spec(options, kube_context, kubeconfig)
+    spec = build_spec(options, kube_context, kubeconfig, from_context=True)  # kubectl's rule
     sys.exit(api.submit(spec, dry_run=dry_run, watch=watch_after, output=output,
                         context=kube_context, kubeconfig=kubeconfig,
                         request_timeout=request_timeout(), out=sys.stdout,
@@ -360,8 +373,7 @@ def _complete_job_names(ctx: click.Context, param: click.Parameter, incomplete: 
               help="read the run from its directory under this storage path (a local run, a "
                    "mounted PVC, or s3://, gs://, abfss://... as submit writes them); without it, "
                    "from the cluster job's progress ConfigMap")
-@click.option("-n", "--namespace", default=None,
-              help="namespace of the cluster job [default: the kubeconfig context's, else default]")
+@click.option("-n", "--namespace", default=None, help=NAMESPACE_HELP)
 @cluster_options
 @click.option("--output-dir", default=".", show_default=True, metavar="DIR",
               help="where NAME-report.png and NAME-report.html are written")

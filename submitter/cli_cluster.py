@@ -15,7 +15,7 @@ from typing import Any, Callable
 import click
 
 from submitter.cli_help import exit_codes_epilog
-from submitter.cli_options import OutputChoice, cluster_options, default_namespace, parse_duration, request_timeout
+from submitter.cli_options import NAMESPACE_HELP, OutputChoice, cluster_options, default_namespace, parse_duration, request_timeout
 from submitter.state import STATES
 
 
@@ -39,8 +39,7 @@ def namespace_option(func: Callable[..., Any]) -> Callable[..., Any]:
         return func(*args, **kwargs)
 
     return click.option("-n", "--namespace", default=None, metavar="NAMESPACE",
-                        help="Kubernetes namespace of the job [default: the kubeconfig context's "
-                             "namespace, else default]")(resolved)
+                        help=NAMESPACE_HELP)(resolved)
 
 
 def job_command(func: Callable[..., Any]) -> Callable[..., Any]:

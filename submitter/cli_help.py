@@ -22,7 +22,7 @@ OTHER_GROUPS = {
     "local": "submit", "dry_run": "submit", "watch_after": "submit",
     "output": "output", "output_dir": "output", "helm_values": "output", "force": "output",
     "kube_context": "cluster", "kubeconfig": "cluster", "namespace": "cluster",
-    "request_timeout": "cluster",
+    "request_timeout": "cluster", "namespace_from_context": "cluster",
 }
 #: Sections after the JobSpec groups, in this order.
 TRAILING = ("submit", "output", "cluster", "other")

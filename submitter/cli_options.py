@@ -20,12 +20,43 @@ def cluster_options(func: Callable[..., Any]) -> Callable[..., Any]:
                         callback=_store_request_timeout,
                         help="give up when the Kubernetes API has not answered for this long, "
                              "retries included (e.g. 10s, 2m) and exit 4 [default: 30s]")(func)
+    return kubeconfig_options(func)
+
+
+def kubeconfig_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    """`--context` and `--kubeconfig`: which cluster (and, without -n, which namespace)."""
     func = click.option("--kubeconfig", type=click.Path(dir_okay=False),
                         help="kubeconfig file [default: $KUBECONFIG or ~/.kube/config]")(func)
     return click.option("--context", "kube_context", help="kubeconfig context to use")(func)
 
 
-# --- the namespace, as kubectl chooses it -------------------------------------------------------
+def context_namespace_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    """What `render` and `init` take to read the namespace from a kubeconfig, which they never
+    do unless asked: `--namespace-from-context`, or `--context`/`--kubeconfig` given."""
+    func = click.option("--namespace-from-context", is_flag=True,
+                        help="without -n, use the kubeconfig context's namespace (as submit does) "
+                             "instead of default; --context or --kubeconfig imply it")(func)
+    return kubeconfig_options(func)
+
+
+# --- the namespace: one rule (docs/gitops.md, "Which namespace") --------------------------------
+
+#: The help of every -n/--namespace: the rule in one sentence, the same for every command.
+NAMESPACE_HELP = ("Kubernetes namespace [default: for render and init, default (the kubeconfig is "
+                  "read only with --namespace-from-context, --context or --kubeconfig); for submit "
+                  "and the commands that find a job, the kubeconfig context's namespace, as "
+                  "kubectl; see GitOps and Helm > Which namespace in the docs]")
+
+
+def spec_namespace(given: bool, from_context: bool, context: str | None = None,
+                   kubeconfig: str | None = None) -> str | None:
+    """The namespace a job gets when neither -n nor its file gave one (None: when one was
+    given, or JobSpec's `default`). `from_context`: a cluster command (`submit`), or render and
+    init asked with --namespace-from-context, --context or --kubeconfig; so a GitOps render's
+    output depends on its input alone, never on the machine's kubeconfig."""
+    if given or not (from_context or context or kubeconfig):
+        return None
+    return default_namespace(context, kubeconfig)
 
 #: Where a pod's service account namespace lives (kubectl uses it in a pod without a kubeconfig).
 SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"

@@ -807,7 +807,16 @@ class JobSpec:
         for key, value in overrides.items():
             if value is not None:
                 merged[_field_name(key)] = value
-        return cls(**{k: _coerce(k, v) for k, v in merged.items()})
+        spec = cls(**{k: _coerce(k, v) for k, v in merged.items()})
+        object.__setattr__(spec, "_given", frozenset(merged))
+        return spec
+
+    def given(self) -> frozenset[str]:
+        """The settings this spec was built with; the others are defaults. `build` records
+        them so that `submitter.submit(spec)` places a spec built without a namespace where
+        `submitter submit` would (the kubeconfig context's). A spec made another way (the
+        constructor, `dataclasses.replace`) counts every setting as given."""
+        return getattr(self, "_given", None) or frozenset(_field_names())
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):

@@ -48,7 +48,15 @@ def expected(spec: JobSpec) -> dict:
 
 
 def chart_objects(values: dict[str, Any], **kwargs: Any) -> dict:
+    """The chart's objects, installed as a user must: `helm -n` the namespace the values name,
+    if they name one (the chart refuses values that name another namespace than the release's)."""
+    kwargs.setdefault("namespace", _release_namespace(values))
     return normalized(render_chart(values, **kwargs))
+
+
+def _release_namespace(values: dict[str, Any]) -> str | None:
+    namespace = values.get("namespace")
+    return namespace if isinstance(namespace, str) and namespace else None
 
 
 def refusal(values: dict[str, Any], **kwargs: Any) -> str:
@@ -69,7 +77,7 @@ def _in_the_cluster(values: dict[str, Any]) -> dict | str:
     """What a chart install ends in: refused by Helm, refused by the pod's checks of the job
     document (the policy `python -m training` applies first), or the objects."""
     try:
-        objects = render_chart(values)
+        objects = render_chart(values, namespace=_release_namespace(values))
     except helm().HelmError:
         return "refused"
     try:
@@ -252,7 +260,7 @@ def test_set_an_elastic_range_like_the_cli() -> None:
     assert (group["minReplicas"], group["maxReplicas"]) == (2, 4)
 
 
-# --- namespace: values.namespace, or the release namespace while it is left at the default -----
+# --- namespace: the release namespace (helm -n); values may only name the same one -------------
 
 def test_release_namespace_is_used_while_values_leave_the_default() -> None:
     values = {"name": "demo"}
@@ -264,9 +272,14 @@ def test_release_namespace_is_used_while_values_leave_the_default() -> None:
     assert chart_objects({"name": "demo", "namespace": default}, namespace="team-a") == got
 
 
-def test_explicit_values_namespace_wins_over_the_release_namespace() -> None:
+def test_a_values_namespace_never_beats_helm_install_n() -> None:
+    """Issue 33: `render -n team-b --helm-values` then `helm install -n team-a` put the objects in
+    team-b. Now the release namespace decides, and values naming another one are refused with
+    the fix (never a silent move either way)."""
     spec = JobSpec.build(name="demo", namespace="team-b")
-    assert chart_objects(spec.to_values(), namespace="team-a") == expected(spec)
+    assert chart_objects(spec.to_values(), namespace="team-b") == expected(spec)
+    message = refusal(spec.to_values(), namespace="team-a")
+    assert 'namespace "team-b"' in message and '"team-a"' in message and "helm -n team-b" in message
 
 
 def test_notes_print_the_exact_next_command() -> None:

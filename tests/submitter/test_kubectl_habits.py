@@ -64,21 +64,24 @@ def test_in_a_pod_without_a_kubeconfig_the_service_accounts_namespace(tmp_path, 
     assert default_namespace() == "default"
 
 
-def test_render_uses_the_contexts_namespace_without_importing_kubernetes(tmp_path):
+def test_render_reads_the_contexts_namespace_only_when_asked_and_without_importing_kubernetes(tmp_path):
+    """GitOps output depends on its input alone: render without -n is `default` whatever the
+    kubeconfig says; --namespace-from-context reads it (as submit does), still without the
+    kubernetes client (tests/submitter/test_namespace_rule.py has the rest of the rule)."""
     cfg = _kubeconfig(tmp_path / "cfg", {"team-a": "team-a"}, "team-a")
     code = ("import sys; from submitter.cli import main; main(['render', '--name', 'j'])")
     env = {**os.environ, "KUBECONFIG": cfg, "PYTHONPATH": os.environ.get("PYTHONPATH", "")}
-    done = subprocess.run([sys.executable, "-X", "importtime", "-c", code], env=env, capture_output=True, text=True)
+    asked = code.replace("'j'])", "'j', '--namespace-from-context'])")
+    done = subprocess.run([sys.executable, "-X", "importtime", "-c", asked], env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
     namespaces = {d["metadata"].get("namespace") for d in yaml.safe_load_all(done.stdout) if d}
     assert namespaces == {"team-a"}
     assert " kubernetes" not in done.stderr and "| kubernetes" not in done.stderr  # -X importtime lists imports
-    flagged = subprocess.run([sys.executable, "-c", code.replace("'j'])", "'j', '-n', 'other'])")],
+    flagged = subprocess.run([sys.executable, "-c", asked.replace("'j',", "'j', '-n', 'other',")],
                              env=env, capture_output=True, text=True)
     assert {d["metadata"].get("namespace") for d in yaml.safe_load_all(flagged.stdout) if d} == {"other"}
-    bare = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          env={**env, "KUBECONFIG": str(tmp_path / "absent")})
-    assert {d["metadata"].get("namespace") for d in yaml.safe_load_all(bare.stdout) if d} == {"default"}
+    unasked = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert {d["metadata"].get("namespace") for d in yaml.safe_load_all(unasked.stdout) if d} == {"default"}
 
 
 @pytest.fixture
@@ -97,6 +100,21 @@ def test_submit_and_status_use_the_contexts_namespace(team_a, tmp_path, runner, 
     assert team_a.emulator.get(RAYJOBS, "default", "j") is None
     assert runner.invoke(main, ["status", "j", "--kubeconfig", cfg]).exit_code == 0
     assert runner.invoke(main, ["status", "j", "--kubeconfig", cfg, "-n", "default"]).exit_code == 6
+
+
+def test_the_api_submits_and_finds_a_job_where_the_cli_does(team_a, tmp_path, monkeypatch):
+    """`submitter.submit(JobSpec.build(name=...))` without a namespace goes to the context's, as
+    `submitter submit` does, so `submitter.status(name)` finds it (JobSpec.build said `default`)."""
+    import submitter
+    from submitter.contract.spec import JobSpec
+
+    monkeypatch.setenv("SUBMITTER_API_BACKOFF", "0.01")
+    cfg = team_a.kubeconfig(tmp_path / "kubeconfig", namespace="team-a")
+    done = submitter.submit(JobSpec.build(name="k"), kubeconfig=cfg)
+    assert done.namespace == "team-a" and team_a.emulator.get(RAYJOBS, "team-a", "k") is not None
+    assert submitter.status("k", kubeconfig=cfg).namespace == "team-a"
+    ml = submitter.submit(JobSpec.build(name="m", namespace="team-b"), kubeconfig=cfg)
+    assert ml.namespace == "team-b" and team_a.emulator.get(RAYJOBS, "team-b", "m") is not None
 
 
 # --- list ---------------------------------------------------------------------------------------

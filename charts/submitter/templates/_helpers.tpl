@@ -22,13 +22,15 @@ schema, so it is checked here: DNS-1035, at most 47 characters (KubeRay derives 
 {{- $name -}}
 {{- end -}}
 
-{{/* submitter.namespace: values.namespace; while left at "default", the release namespace (helm -n). */}}
+{{/* submitter.namespace: the release namespace (helm -n), as for any chart. A values.namespace
+     other than "default" (`render -n X --helm-values`) must name the same one: a values file
+     never moves the objects out of the release's namespace, it fails with the fix instead. */}}
 {{- define "submitter.namespace" -}}
-{{- if or (not .Values.namespace) (eq .Values.namespace "default") -}}
-{{- .Release.Namespace | default "default" -}}
-{{- else -}}
-{{- .Values.namespace -}}
+{{- $release := .Release.Namespace | default "default" -}}
+{{- if and .Values.namespace (ne .Values.namespace "default") (ne .Values.namespace $release) -}}
+{{- fail (printf "the values say namespace %q but the release is in %q: install with helm -n %s, or leave namespace out of the values (helm -n decides)" .Values.namespace $release .Values.namespace) -}}
 {{- end -}}
+{{- $release -}}
 {{- end -}}
 
 {{/* Object names (naming.object_names). */}}
