@@ -326,7 +326,7 @@ def render_plan_checked(spec: JobSpec) -> None:
 @cluster_options
 @click.option("--local", is_flag=True,
               help="run the pod's command (python -m training) here, on an embedded Ray with "
-                   "CPU workers = --replicas, instead of on a cluster (needs submitter[train])")
+                   "CPU workers = --replicas, instead of on a cluster (needs submitter-gpt2[train])")
 @click.option("--dry-run", type=click.Choice(["none", "client", "server"]), default="none",
               help="client: print the objects, change nothing; server: let the API server "
                    "validate them without persisting")
@@ -340,7 +340,7 @@ def submit(local: bool, dry_run: str, watch_after: bool, output: str, kube_conte
 
     \b
     Examples:
-      submitter submit --local                          # offline demo on this machine
+      submitter submit --local                          # the demo, on this machine (CPU)
       submitter submit --name gpt2-demo --replicas 8 --gpu-per-pod 1
       submitter submit --name gpt2-demo --dry-run=client -o yaml
       submitter submit -f job.yaml --watch
@@ -382,7 +382,7 @@ def report(name: str, storage_path: str | None, namespace: str | None, output_di
     """Draw a run: train and validation loss against step, tokens/s, restarts and checkpoints
     marked, as a PNG and a self-contained HTML page (with the run's settings and final metrics).
 
-    Needs matplotlib: pip install 'submitter[report]'.
+    Needs matplotlib: pip install "submitter-gpt2[report]".
 
     \b
     Examples:
