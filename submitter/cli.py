@@ -21,7 +21,8 @@ from submitter.cli_help import GroupedCommand, exit_codes_epilog
 from submitter.cli_options import (NAMESPACE_HELP, cluster_options, context_namespace_options,
                                    default_namespace, request_timeout, spec_namespace)
 from submitter.contract.errors import SubmitterError, UsageError
-from submitter.contract.spec import JobSpec, defaults, field_types, flag_name, parse_pairs
+from submitter.contract.spec import (LOCAL_DEFAULTS, JobSpec, defaults, field_types, flag_name,
+                                     local_default_flags, parse_pairs)
 
 _DEFAULTS = defaults()
 
@@ -53,6 +54,10 @@ def _spec_params() -> tuple[click.Parameter, ...]:
         shown = "" if default in (None, "", {}, []) else f" [default: {default}]"
         if f.name == "namespace":  # its default depends on the command: the one rule, said once
             meta, shown = {**meta, "help": NAMESPACE_HELP}, ""
+        if LOCAL_DEFAULTS.get(f.name, default) != default:  # submit --local: a small job
+            local = LOCAL_DEFAULTS[f.name]
+            note = f"submit --local: {'none' if local is None else local}"
+            shown = f"{shown[:-1]}; {note}]" if shown else f" [{note}]"
         decls = [flag_name(f.name)] + ([meta["short"]] if meta["short"] else [])
         kind = types[f.name]
         if kind is bool:
@@ -131,7 +136,7 @@ class _Group(click.Group):
     loads the cluster commands lazily."""
 
     def list_commands(self, ctx: click.Context) -> list[str]:
-        return sorted({*super().list_commands(ctx), *LAZY_COMMANDS})
+        return sorted({*super().list_commands(ctx), *LAZY_COMMANDS, "data"})
 
     def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
         if name in LAZY_COMMANDS and name not in self.commands:
@@ -139,6 +144,10 @@ class _Group(click.Group):
 
             for command in cli_cluster.COMMANDS:
                 self.add_command(command)
+        if name == "data" and name not in self.commands:  # `data prepare`: submitter.cli_data
+            from submitter.cli_data import data
+
+            self.add_command(data)
         return super().get_command(ctx, name)
 
     def invoke(self, ctx: click.Context) -> Any:
@@ -326,7 +335,10 @@ def render_plan_checked(spec: JobSpec) -> None:
 @cluster_options
 @click.option("--local", is_flag=True,
               help="run the pod's command (python -m training) here, on an embedded Ray with "
-                   "CPU workers = --replicas, instead of on a cluster (needs submitter-gpt2[train])")
+                   "CPU workers = --replicas, instead of on a cluster (needs submitter-gpt2[train]); "
+                   "what flags and -f leave unset is then a small CPU job: "
+                   f"{local_default_flags()}, --storage-path ./runs (the run's first line "
+                   "says which of these it took)")
 @click.option("--dry-run", type=click.Choice(["none", "client", "server"]), default="none",
               help="client: print the objects, change nothing; server: let the API server "
                    "validate them without persisting")

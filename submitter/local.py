@@ -22,7 +22,7 @@ from typing import Any, Mapping, Optional, TextIO
 from submitter.contract import events as ev
 from submitter.contract.errors import StoragePolicyError, UsageError
 from submitter.contract.naming import ENV_JOB, EVENTS_FILE
-from submitter.contract.spec import LOCAL_DEFAULTS, JobSpec, normalize_keys
+from submitter.contract.spec import LOCAL_DEFAULTS, JobSpec, local_default_flags, normalize_keys
 from submitter.contract.stack import require_training_stack
 from submitter.contract.storage import check_local_storage
 from submitter.event_text import describe, fmt as _fmt
@@ -60,6 +60,22 @@ def local_spec(file_values: Mapping[str, Any], flags: Mapping[str, Any],
     return JobSpec.build(values, **overrides)
 
 
+def local_defaults_line(file_values: Mapping[str, Any], flags: Mapping[str, Any],
+                        spec: JobSpec) -> Optional[str]:
+    """The run's first line: which settings came from LOCAL_DEFAULTS (neither a flag nor the job
+    file gave them), so a run on real data never trains the tiny model unawares. None when none
+    did, and for a --script run (its program reads none of them; its name comes from the
+    script)."""
+    if spec.script is not None:
+        return None
+    given = {*normalize_keys(file_values), *flags}
+    taken = [k for k in LOCAL_DEFAULTS if k not in given]
+    if not taken:
+        return None
+    return (f"local defaults (not given): {local_default_flags(taken)}; a flag or -f sets any "
+            "of them (submitter submit --help)")
+
+
 def script_run_name(script: str) -> str:
     """A --script run's default name: the script's, as a job name (`My_Train.py` -> my-train),
     so it never lands in the GPT-2 demo's run directory."""
@@ -89,9 +105,36 @@ def run_local(file_values: Mapping[str, Any], flags: Mapping[str, Any], output: 
     out = stream or sys.stdout
     view = JsonView(out) if output == "json" else (
         RichView(out) if _is_tty(out) else PlainView(out))
+    line = local_defaults_line(file_values, flags, spec)
+    if line:
+        view.notice(line)
     with view:
         outcome = follow_child(spec, storage, view)
     view.summary(outcome)
+    return outcome.exit_code
+
+
+def run_prepare_local(flags: Mapping[str, Any], output: str = "text",
+                      stream: Optional[TextIO] = None) -> int:
+    """`submitter data prepare --local`: `python -m training.prepare` as a child process, as
+    `submit --local` runs `python -m training`; the corpus goes to `<storage>/corpora/<name>`
+    (default storage: `$PWD/runs`, as a local run's)."""
+    if output not in ("text", "json"):
+        raise UsageError(f"-o {output} is for the cluster's objects; use -o text or -o json "
+                         "with --local")
+    storage = local_storage_path({}, flags)
+    spec = local_spec({}, flags, storage)
+    require_training_stack("data prepare --local", spec.dataset, spec.data)
+    out = stream or sys.stdout
+    view = JsonView(out) if output == "json" else PlainView(out)
+    with view:
+        outcome = follow_child(spec, storage, view, [sys.executable, "-m", "training.prepare"])
+    lines = ([f"corpus: {outcome.run_dir} ({outcome.state.metrics.get('shards')} shards, "
+              f"{outcome.state.metrics.get('tokens')} training tokens)",
+              f"train on it: submitter submit --local --data {outcome.run_dir}"]
+             if outcome.ok else [f"prepare failed: {outcome.error}"])
+    for line in lines:
+        (sys.stderr if output == "json" else out).write(line + "\n")
     return outcome.exit_code
 
 
@@ -105,14 +148,16 @@ def script_command() -> list[str]:
     return [sys.executable, "-m", "training.run_script"]
 
 
-def follow_child(spec: JobSpec, storage: str, view: "PlainView") -> LocalOutcome:
-    """Run `python -m training` with the job document; show its events as they come."""
+def follow_child(spec: JobSpec, storage: str, view: "PlainView",
+                 command: Optional[list[str]] = None) -> LocalOutcome:
+    """Run `python -m training` (or `command`: another program behind the same contract) with
+    the job document; show its events as they come."""
     from submitter.code_plan import local_code_env
 
     env = {**os.environ, ENV_JOB: spec.document(), "PYTHONUNBUFFERED": "1",
            **local_code_env(spec)}
     env.pop("RAY_ADDRESS", None)  # always an embedded Ray, never someone's cluster
-    command = child_command() if spec.script is None else script_command()
+    command = command or (child_command() if spec.script is None else script_command())
     proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, text=True,
                             encoding="utf-8", errors="replace", bufsize=1,
                             start_new_session=True)  # Ctrl-C reaches it once: forwarded below

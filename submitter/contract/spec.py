@@ -1171,6 +1171,15 @@ LOCAL_DEFAULTS: dict[str, Any] = {
 }
 
 
+def local_default_flags(names: Optional[Any] = None) -> str:
+    """The local defaults as flags, `--model tiny, --max-steps-per-epoch 120, ...` (every one,
+    or those in `names`, in LOCAL_DEFAULTS' order): what `submit --help` and a local run's
+    first line say, so the defaults a run trains with are never a surprise."""
+    keys = [k for k in LOCAL_DEFAULTS if names is None or k in names]
+    return ", ".join(f"{flag_name(k)} {'none' if LOCAL_DEFAULTS[k] is None else LOCAL_DEFAULTS[k]}"
+                     for k in keys)
+
+
 #: Ray Train's FSDP wraps only GPU workers (prepare_model raises on CPU, inside the pod).
 FSDP_NEEDS_GPUS = ("--fsdp shards the model across GPUs: add --gpu-per-pod N, or leave out "
                    "--fsdp to train on CPUs with DDP")
