@@ -32,6 +32,9 @@ KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 KUEUE_ELASTIC_ANNOTATION = "kueue.x-k8s.io/elastic-job"
 #: The RayJob's entrypoint: constant. The job's settings reach it as data (env `SUBMITTER_JOB`).
 ENTRYPOINT = "python -m training"
+#: The other programs a RayJob may run, given the same job document: `submitter data prepare`'s
+#: (tokenize a source once into a prepared corpus, on CPU workers).
+PROGRAMS = {"prepare": "python -m training.prepare"}
 
 
 def storage_decision(spec: JobSpec) -> StorageDecision:
@@ -41,8 +44,8 @@ def storage_decision(spec: JobSpec) -> StorageDecision:
                                  spec.storage_access_mode)
     for flag, path in (("--data", spec.data), ("--val-data", spec.val_data),
                        ("--bpe-file", spec.bpe_file)):
-        if path is not None:
-            check_pod_file(flag, path, spec.storage_mount)
+        if path is not None and not (flag == "--data" and spec.data_path.name):
+            check_pod_file(flag, path, spec.storage_mount)  # (a corpus NAME is the storage's)
     return decision
 
 
@@ -104,8 +107,9 @@ def _env(spec: JobSpec, progress: str, plain: dict[str, str]) -> list[dict[str, 
     return env
 
 
-def context(spec: JobSpec) -> dict[str, Any]:
-    """The template variables: the spec plus everything derived from it."""
+def context(spec: JobSpec, program: str | None = None) -> dict[str, Any]:
+    """The template variables: the spec plus everything derived from it. `program`: one of
+    PROGRAMS instead of the GPT-2 entrypoint (or a --script job's runner)."""
     decision = storage_decision(spec)
     n = naming.object_names(spec.name, spec.existing_pvc)
     on_pvc = decision.kind == "shared-mount"
@@ -114,7 +118,8 @@ def context(spec: JobSpec) -> dict[str, Any]:
     worker_env = _env(spec, n["progress"], pod_network.worker_env(spec.gpu_per_pod, spec.env,
                                                                   spec.secret_env))
     labels = {**spec.label, **naming.labels(spec.name)}
-    code = code_context(spec)
+    code = code_context(spec) if program is None else {"entrypoint": PROGRAMS[program],
+                                                        "configmap": None, "env": []}
     service_account = spec.service_account or n["progress"]
     return {
         "spec": spec.to_dict(),
@@ -175,9 +180,10 @@ def code_context(spec: JobSpec) -> dict[str, Any]:
             "env": [{"name": ENV_CODE, "value": code["ref"]}]}
 
 
-def render(spec: JobSpec) -> Plan:
-    """Render every object of the job, validated by the storage policy first."""
-    ctx = context(spec)
+def render(spec: JobSpec, program: str | None = None) -> Plan:
+    """Render every object of the job, validated by the storage policy first; `program` names
+    another of PROGRAMS than the training job."""
+    ctx = context(spec, program)
     objects = []
     for name in TEMPLATES:
         text = _template(name).render(ctx)

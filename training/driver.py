@@ -96,6 +96,52 @@ def claim_run_dir(cfg: TrainConfig, notice: Notice, environ: Any = os.environ) -
         raise
 
 
+@dataclass(frozen=True)
+class Prepared:
+    """A prepared corpus the job trains on, checked before Ray starts (training.data.shards)."""
+    uri: str
+    sequences: int     # whole training sequences of the job's block
+    line: str          # what the run says about its data
+    why: str           # why this path (the run's first lines)
+
+
+def check_prepared(cfg: TrainConfig) -> Optional[Prepared]:
+    """The job's prepared corpus, checked before anything starts or is written: where it is
+    (a NAME under the storage, a path or a bucket URI, which the storage policy must allow),
+    its manifest and every shard's header and size, the job's tokenizer against the
+    corpus's, and at least one optimizer step of sequences. CorpusError (exit 2, one line)
+    otherwise; None when the job's data is read on the fly."""
+    from submitter.contract.data_path import PREPARED
+    from submitter.contract.storage import check_pod_file
+    from training.data import shards as sh
+    from training.data.reader import corpus_uri, open_manifest
+    from training.data.tokens import get_encoding, resolve_tokenizer
+
+    if cfg.data is not None and not cfg.job.data_path.name:
+        check_pod_file("--data", cfg.data, cfg.storage_mount)  # the policy: one line, exit 2
+    uri = corpus_uri(cfg.data, cfg.dataset, cfg.storage_path)
+    if uri is None:
+        return None
+    tok_spec, _ = resolve_tokenizer(cfg.tokenizer, cfg.bpe_file)
+    _, _, manifest = open_manifest(uri, check=True,
+                                   identity=sh.tokenizer_identity(get_encoding(tok_spec)))
+    block, step = cfg.job.block, cfg.job.batch_plan().global_batch
+    sequences = sum(s.tokens // block for s in manifest.split(sh.TRAIN))
+    if sequences < step:
+        raise sh.CorpusError(
+            f"--data {cfg.data}: {sequences} training sequences of {block} tokens, fewer than "
+            f"one optimizer step ({step}): prepare more data, or lower --global-batch-size "
+            f"(or --block-size)")
+    chosen = cfg.job.data_path
+    why = (chosen.why if chosen.kind == PREPARED else
+           f"{uri} holds {sh.MANIFEST}: its shards are read by position in the workers, "
+           "nothing tokenized, no Ray Data")
+    return Prepared(uri, sequences, (
+        f"data: prepared corpus {manifest.name} at {uri}: {manifest.tokens(sh.TRAIN):,} training "
+        f"tokens in {len(manifest.split(sh.TRAIN))} shard(s) ({manifest.dtype}, "
+        f"{manifest.tokenizer.get('encoding')}), {sequences:,} sequences of {block}"), why)
+
+
 def run_dir_of(cfg: TrainConfig) -> str:
     """`<storage_path>/<run_name>`, where events.jsonl lives beside the checkpoints: a local
     path, or a URI for an object store."""
@@ -192,18 +238,19 @@ def run(cfg: TrainConfig, *, on_event: OnEvent, notice: Notice = print,
     from training.events.trackers import check_installed
 
     check_installed(os.environ)  # MLflow/W&B asked for and not installed: exit 2, nothing started
+    prepared = check_prepared(cfg)  # a bad corpus: exit 2, nothing started or written
     claim = claim_run_dir(cfg, notice)
     from training.run.logs import kept_logs
 
     try:
         with kept_logs(run_dir_of(cfg), cfg.job.to_dict()):  # <run>/logs/: outlives the pods
-            return _run_claimed(cfg, claim, on_event, notice, poll_seconds)
+            return _run_claimed(cfg, claim, on_event, notice, poll_seconds, prepared)
     finally:
         claim.release()
 
 
 def _run_claimed(cfg: TrainConfig, claim: Claim, on_event: OnEvent, notice: Notice,
-                 poll_seconds: float) -> RunOutcome:
+                 poll_seconds: float, prepared: Optional[Prepared] = None) -> RunOutcome:
     from training.run.preempt import DriverPreemption
 
     ensure_ray(cfg)
@@ -215,7 +262,7 @@ def _run_claimed(cfg: TrainConfig, claim: Claim, on_event: OnEvent, notice: Noti
     chain = exit_chain(cfg.termination_grace_period)
     preemption = DriverPreemption(hub, chain.driver_wait_s)
     try:
-        trainer, facts = _prepare(cfg, hub, notice, claim)
+        trainer, facts = _prepare(cfg, hub, notice, claim, prepared)
         ray.get(hub.emit.remote("run_started", run_name=cfg.run_name, num_workers=cfg.num_workers,
                                 storage_path=cfg.storage_path, run_dir=run_dir_of(cfg), **facts))
         poller.tell_problems()  # a sink that cannot write says so now, not at the first poll
@@ -336,9 +383,10 @@ def _start_hub(cfg: TrainConfig) -> Any:
     return actor.remote(run_dir_of(cfg), env)
 
 
-def _prepare(cfg: TrainConfig, hub: Any, notice: Notice,
-             claim: Claim) -> tuple[Any, dict[str, Any]]:
-    """Tokenizer, data, model size and the TorchTrainer; returns it and facts for run_started."""
+def _prepare(cfg: TrainConfig, hub: Any, notice: Notice, claim: Claim,
+             prepared: Optional[Prepared] = None) -> tuple[Any, dict[str, Any]]:
+    """Tokenizer, data, model size and the TorchTrainer; returns it and facts for run_started.
+    A prepared corpus is read by the workers themselves: no Ray Data pipeline, no datasets."""
     import ray
     import ray.train
     from ray.data import DataContext
@@ -360,13 +408,25 @@ def _prepare(cfg: TrainConfig, hub: Any, notice: Notice,
     tok_spec, tok_line = claim.tokenizer, claim.tokenizer_line
     notice(tok_line)
     encoding = get_encoding(tok_spec)
-    corpus = load_corpus(cfg.dataset, cfg.dataset_config, cfg.data, cfg.data_format,
-                         cfg.text_column, cfg.val_data, cfg.limit_rows)
-    notice(corpus.description)
-    claim.sample_prompt = prompt_from(corpus.sample)
     block = cfg.block_size or PRESETS[cfg.model].block_size
-    train_ds, val_ds = token_datasets(corpus, tok_spec, block, cfg.val_percent)
-    plan = plan_run(cfg, corpus, tok_spec, block, notice)  # GPU checks, precision, steps
+    chosen = cfg.job.data_path
+    if prepared is not None:  # the workers read the shards by position (training.data.reader)
+        notice(f"data path: prepared: {prepared.why}")
+        notice(prepared.line)
+        description, data_kwargs = prepared.line, {}
+        corpus_loop = {"corpus": {"uri": prepared.uri, "block": block}}
+        plan = plan_run(cfg, None, tok_spec, block, notice, sequences=prepared.sequences)
+    else:
+        notice(f"data path: on the fly: {chosen.why}")
+        corpus = load_corpus(cfg.dataset, cfg.dataset_config, cfg.data, cfg.data_format,
+                             cfg.text_column, cfg.val_data, cfg.limit_rows)
+        notice(corpus.description)
+        claim.sample_prompt = prompt_from(corpus.sample)
+        train_ds, val_ds = token_datasets(corpus, tok_spec, block, cfg.val_percent)
+        description, corpus_loop = corpus.description, {}
+        data_kwargs = {"datasets": {"train": train_ds, "val": val_ds},
+                       "dataset_config": data_config()}
+        plan = plan_run(cfg, corpus, tok_spec, block, notice)  # GPU checks, precision, steps
     steps_per_epoch = plan.steps_per_epoch
     params = expected_parameters(cfg.model, encoding.n_vocab, cfg.block_size)
     notice(f"model: {cfg.model}, {params / 1e6:.2f}M parameters, block {block}, "
@@ -376,7 +436,8 @@ def _prepare(cfg: TrainConfig, hub: Any, notice: Notice,
     trainer = TorchTrainer(
         train_func,
         train_loop_config={"config": cfg.to_dict(), "hub": hub, **plan.loop_config(),
-                           "vocab_size": encoding.n_vocab, "eot_id": encoding.eot_token},
+                           "vocab_size": encoding.n_vocab, "eot_id": encoding.eot_token,
+                           **corpus_loop},
         scaling_config=ray.train.ScalingConfig(
             use_gpu=cfg.use_gpu, resources_per_worker=resources,
             **scaling_options(cfg.job.min_train_workers, cfg.num_workers)),
@@ -389,11 +450,11 @@ def _prepare(cfg: TrainConfig, hub: Any, notice: Notice,
             callbacks=[CheckpointEvents(hub, run_dir_of(cfg)),
                        worker_error_logs(run_dir_of(cfg), cfg.job.to_dict())],
             logging_config=ray.LoggingConfig(log_level="WARNING")),
-        datasets={"train": train_ds, "val": val_ds},
-        dataset_config=data_config(),
+        **data_kwargs,
     )
     facts = {"model": cfg.model, "params": params, "tokenizer": tok_spec.describe(),
-             "data": corpus.description.removeprefix("data: "), "epochs": cfg.epochs,
+             "data": description.removeprefix("data: "), "epochs": cfg.epochs,
+             "data_path": "prepared" if prepared is not None else "on-the-fly",
              "steps_per_epoch": steps_per_epoch, "block_size": block,
              "batch_size_per_worker": cfg.micro_batch_size, **plan.facts,
              **({"min_workers": cfg.job.min_train_workers} if cfg.job.elastic else {})}

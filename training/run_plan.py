@@ -73,9 +73,10 @@ def warmup_for(total: int, warmup_steps: Optional[int]) -> int:
 
 
 def plan_run(cfg: TrainConfig, corpus: Any, tok_spec: Any, block: int,
-             notice: Callable[[str], None]) -> RunPlan:
+             notice: Callable[[str], None], sequences: Optional[int] = None) -> RunPlan:
     """Checks and decisions before `TorchTrainer.fit`; raises GpuImageError / SpecError (one
-    line), the latter also for data shorter than one optimizer step."""
+    line), the latter also for data shorter than one optimizer step. `sequences`: a prepared
+    corpus's exact count of training sequences (then the steps per epoch are exact)."""
     from training.data.pipeline import estimate_blocks, steps_per_epoch_estimate
     from training.gpu_check import check_gpus_here, probe_gpu_node
 
@@ -85,13 +86,19 @@ def plan_run(cfg: TrainConfig, corpus: Any, tok_spec: Any, block: int,
     # micro-batch, training.gpt2.microbatch: the accumulation is render's estimate)
     step = cfg.job.batch_plan()
     accum = step.accumulation
-    blocks = estimate_blocks(corpus, tok_spec, block, cfg.val_percent)
+    exact = sequences is not None
+    blocks = sequences if exact else estimate_blocks(corpus, tok_spec, block, cfg.val_percent)
     short = too_short(blocks, step.global_batch, cfg.num_workers, block)
     if short:
         raise SpecError(short)
     estimate = steps_per_epoch_estimate(blocks, step.global_batch, 1)
     warmup = None
-    if cfg.max_steps_per_epoch:
+    if exact:
+        spe = min(estimate, cfg.max_steps_per_epoch or estimate)
+        estimated = False
+        notice(f"steps per epoch: {spe} (exact: {blocks:,} sequences of {block} tokens in the "
+               f"corpus's manifest, {step.global_batch} a step)")
+    elif cfg.max_steps_per_epoch:
         spe, estimated = cfg.max_steps_per_epoch, False
         if blocks is not None:
             spe = min(spe, estimate)

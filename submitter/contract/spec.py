@@ -26,6 +26,7 @@ from submitter.contract import batch
 from submitter.contract.errors import SpecError
 from submitter.contract.naming import CREDENTIAL_ENV as _CREDENTIAL_ENV
 from submitter.contract.naming import OFFLINE_DATASET, RESERVED_ENV_PREFIX
+from submitter.contract.data_path import PREPARED, DataPath, data_path
 from submitter.contract.storage import pod_file_schema, storage_path_schema
 from submitter.contract.tracking import tracker_env_problem
 
@@ -942,9 +943,17 @@ class JobSpec:
         return GPU_CHECKPOINT_MINUTES if self.gpu_per_pod else 0.0
 
     @property
+    def data_path(self) -> "DataPath":
+        """Which data path the job takes and why (submitter.contract.data_path)."""
+        return data_path(self.data, self.dataset)
+
+    @property
     def data_cpus_per_pod(self) -> int:
         """CPUs of a worker pod left to Ray Data (reading, tokenizing): DATA_CPUS_PER_GPU per GPU
-        (measured: benchmarks/bench_data_pipeline.py), at least DATA_CPUS_PER_POD."""
+        (measured: benchmarks/bench_data_pipeline.py), at least DATA_CPUS_PER_POD; none for a
+        prepared corpus (its shards are read by position in the workers' own processes)."""
+        if self.data_path.kind == PREPARED:
+            return 0
         return max(DATA_CPUS_PER_POD, self.gpu_per_pod * DATA_CPUS_PER_GPU)
 
     def resolved(self) -> dict[str, Any]:
@@ -961,7 +970,7 @@ class JobSpec:
         else:
             out = {"fixed": {**step, **per_worker}}
         return {"batch": out, "checkpointIntervalMinutes": self.checkpoint_minutes,
-                "dataCpusPerPod": self.data_cpus_per_pod}
+                "dataCpusPerPod": self.data_cpus_per_pod, "dataPath": self.data_path.to_dict()}
 
     @property
     def resolved_image(self) -> str:

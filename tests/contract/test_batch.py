@@ -206,7 +206,8 @@ def test_the_job_document_says_what_is_fixed_and_what_the_device_chooses():
         "batch": {"fixed": {"globalBatchSize": 2048, "tokensPerStep": 524_288},
                   "chosenOnDevice": {"microBatchSize": 64, "accumulationSteps": 4,
                                      "estimateForGpuGiB": 16.0}},
-        "checkpointIntervalMinutes": 30.0, "dataCpusPerPod": 1}
+        "checkpointIntervalMinutes": 30.0, "dataCpusPerPod": 1,
+        "dataPath": {"kind": "on-the-fly", "why": spec.data_path.why}}
     assert doc["batchSizePerWorker"] is None and doc["globalBatchSize"] is None  # settings
     assert JobSpec.from_document(spec.document()) == spec
     fixed = json.loads(JobSpec.build(name="j", replicas=8, gpu_per_pod=1,

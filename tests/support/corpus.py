@@ -10,7 +10,7 @@ import numpy as np
 from training.data import shards as sh
 
 GPT2 = {"encoding": "gpt2", "vocab_size": 50257, "eot_id": 50256}
-BYTE = {"encoding": "byte", "vocab_size": 257, "eot_id": 256}
+BYTE = {"encoding": "bytes", "vocab_size": 257, "eot_id": 256}
 
 
 def make_corpus(fs: Any, root: str, train: Sequence[int], val: int = 0, block: int = 8,

@@ -311,3 +311,28 @@ def open_corpus(uri: str, block: int, check: bool = False,
     """A reader of the prepared corpus at `uri` (a path, or a bucket URI)."""
     fs, root, manifest = open_manifest(uri, check, identity)
     return CorpusReader(fs, root, manifest, block, **options)
+
+
+def corpus_uri(data: Optional[str], dataset: str, storage_root: str) -> Optional[str]:
+    """Where the job's prepared corpus is (None: the data is read on the fly): a NAME under
+    `<storage root>/corpora/`, a path or URI that names one, or a directory holding a
+    manifest (submitter.contract.data_path says which form is which)."""
+    from submitter.contract.data_path import AT_START, ON_THE_FLY, corpus_dir, data_path
+    from submitter.contract.storage import corpus_root
+
+    chosen = data_path(data, dataset)
+    if chosen.kind == ON_THE_FLY or data is None:
+        return None
+    if chosen.name:
+        return corpus_root(storage_root, None, chosen.name)
+    uri = corpus_dir(data)
+    if chosen.kind == AT_START:
+        import pyarrow.fs as pafs
+
+        try:
+            fs, root = filesystem(uri)
+            found = fs.get_file_info(f"{root}/{sh.MANIFEST}").type == pafs.FileType.File
+        except (OSError, ValueError):
+            found = False  # the on-the-fly reader says what is wrong with it
+        return uri if found else None
+    return uri

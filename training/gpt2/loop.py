@@ -69,6 +69,15 @@ def resume_point(state: Optional[dict[str, Any]]) -> tuple[int, int, int]:
     return state["epoch"], state["step_in_epoch"], state["step"]
 
 
+def resume_position(state: Optional[dict[str, Any]], global_batch: int) -> int:
+    """Sequences of the resumed epoch already trained (a prepared corpus's reader starts
+    there): the checkpoint's count, else its steps in the epoch times the step (a checkpoint
+    from before positions were saved)."""
+    if state is None or state["epoch_done"]:
+        return 0
+    return int(state.get("sequences_in_epoch", state["step_in_epoch"] * global_batch))
+
+
 class _Events:
     """Rank 0's line to the emitter actor (fire and forget; other ranks stay silent)."""
 
@@ -104,6 +113,15 @@ def _all_mean(values: list[float], device: Any) -> list[float]:
     t = torch.tensor(values, dtype=torch.float64, device=device)
     dist.all_reduce(t)
     return (t / dist.get_world_size()).tolist()
+
+
+def _open_reader(corpus: Optional[dict[str, Any]]) -> Any:
+    """The prepared corpus's reader (the driver checked its files and tokenizer), or None."""
+    if not corpus:
+        return None
+    from training.data.reader import open_corpus
+
+    return open_corpus(corpus["uri"], corpus["block"])
 
 
 def _norm_value(norm: Any) -> Optional[float]:
@@ -186,16 +204,26 @@ def train_func(loop_config: dict[str, Any]) -> None:
             state = load_state(d)  # weights_only: the storage is shared (training.run.checkpoint_io)
         resumed_from = as_uri(cfg.storage_path, checkpoint.path)
     start_epoch, skip, step = resume_point(state)
-    train_shard = ray.train.get_dataset_shard("train")
+    # A prepared corpus (training.data.reader) is read by position: each rank computes its
+    # slice of every global step from (seed, epoch, sequences consumed), so a resume reads
+    # nothing before its position and a resized group continues the same sequence. Otherwise
+    # the Ray Data pipeline's shard, whose resume replays the epoch up to its step.
+    reader = _open_reader(loop_config.get("corpus"))
+    position = resume_position(state, mine.global_batch) if reader is not None else 0
+    train_shard = ray.train.get_dataset_shard("train") if reader is None else None
 
-    def epoch_batches(epoch: int) -> Iterator[dict[str, Any]]:
+    def epoch_batches(epoch: int, start: int = 0) -> Iterator[dict[str, Any]]:
+        if reader is not None:
+            return reader.batches(reader.order(cfg.seed, epoch), start, mine.global_batch,
+                                  mine.offset, mine.share, mine.micro)
         return mine.paced(iter(train_shard.iter_batches(  # unequal shares end together
             batch_size=micro_size, drop_last=mine.equal, batch_format="numpy",
             local_shuffle_buffer_size=micro_size * SHUFFLE_BATCHES,
             local_shuffle_seed=shuffle_seed(cfg.seed, epoch, rank))))
 
-    # The data pipeline starts now and fills while the model is built (start-up, issue #12).
-    first_batches = Prefetched(epoch_batches(start_epoch)) if start_epoch < cfg.epochs else None
+    # The data starts now and fills while the model is built (start-up, issue #12).
+    first_batches = (Prefetched(epoch_batches(start_epoch, position))
+                     if start_epoch < cfg.epochs else None)
 
     # --- model, optimizer, schedule; then the checkpoint on top ----------------------------
     torch.manual_seed(cfg.seed)
@@ -229,13 +257,15 @@ def train_func(loop_config: dict[str, Any]) -> None:
     # re-planned from the current LR) each time the epoch outlasts it.
     saved = state or {}
     steps_per_epoch = saved.get("steps_per_epoch") or loop_config["steps_per_epoch"]
-    measured = bool(saved.get("steps_per_epoch_measured", saved.get("steps_per_epoch")))
+    measured = bool(saved.get("steps_per_epoch_measured", saved.get("steps_per_epoch"))
+                    or reader is not None)  # a prepared corpus's manifest says it exactly
     plan = resumed_plan(saved.get("scheduler"), step,
                         planned_total(steps_per_epoch, cfg.epochs), loop_config["warmup_steps"],
                         MIN_LR_RATIO)
     # this group's size and its optimizer step (training.gpt2.elastic: the emitter tells a resize)
     events.started(resumed_from, epoch=start_epoch + 1, step=step,
-                   **group_batch(mine, world, block))
+                   **group_batch(mine, world, block),
+                   **({"sequences_in_epoch": position} if reader is not None else {}))
 
     def save(metrics: dict[str, Any], epoch: int, step_in_epoch: int, epoch_done: bool,
              budget_s: Optional[float] = None) -> None:
@@ -260,6 +290,8 @@ def train_func(loop_config: dict[str, Any]) -> None:
                 "model": model_sd, "optimizer": optim_sd, "scheduler": plan.to_dict(),
                 "epoch": epoch, "step": step, "step_in_epoch": step_in_epoch,
                 "epoch_done": epoch_done, "config": cfg.to_dict(),
+                # the data's position: a resume computes every rank's next slice from it
+                "seed": cfg.seed, "sequences_in_epoch": consumed,
                 "model_config": model_config.to_dict(), "steps_per_epoch": steps_per_epoch,
                 "steps_per_epoch_measured": measured, "accumulation": accum,
                 "precision": precision.name,
@@ -293,13 +325,16 @@ def train_func(loop_config: dict[str, Any]) -> None:
 
     def evaluate() -> Optional[float]:
         """Mean loss over (up to val_steps) validation batches of every worker."""
-        shard = ray.train.get_dataset_shard("val")
+        if reader is not None:  # the val shard(s) in order, micro-batches dealt to the ranks
+            val_batches = reader.val_batches(rank, world, micro_size, cfg.val_steps)
+        else:
+            val_batches = ray.train.get_dataset_shard("val").iter_batches(
+                batch_size=micro_size, drop_last=True, batch_format="numpy")
         net = model if is_fsdp(model) else unwrapped(model)  # DDP's forward would sync buffers
         net.eval()
         total, count = torch.zeros((), device=device, dtype=torch.float64), 0
         with torch.no_grad(), autocast():
-            for i, batch in enumerate(shard.iter_batches(
-                    batch_size=micro_size, drop_last=True, batch_format="numpy")):
+            for i, batch in enumerate(val_batches):
                 if cfg.val_steps and i >= cfg.val_steps:
                     break
                 x = to_device(batch)
@@ -347,14 +382,15 @@ def train_func(loop_config: dict[str, Any]) -> None:
     slot = UploadSlot()
     for epoch in range(start_epoch, cfg.epochs):
         done_in_epoch = skip if epoch == start_epoch else 0
+        consumed = position if epoch == start_epoch else 0  # sequences of the epoch trained
         epoch_loss = torch.zeros((), device=device, dtype=torch.float64)
         epoch_steps, epoch_start, epoch_wait = 0, time.perf_counter(), WaitShare()
         window_loss = torch.zeros((), device=device, dtype=torch.float64)
         window_steps, window_start, window_wait = 0, time.perf_counter(), WaitShare()
         batches = first_batches if epoch == start_epoch else epoch_batches(epoch)
-        for _ in range(done_in_epoch * accum):  # covered by the checkpoint we resumed from:
-            if next(batches, None) is None:      # read on the host, never copied to the device
-                break
+        for _ in range(0 if reader is not None else done_in_epoch * accum):  # covered by the
+            if next(batches, None) is None:  # checkpoint: read on the host, never copied to
+                break                        # the device (a prepared corpus starts past them)
         while not (cap and done_in_epoch >= cap):
             if not measured and done_in_epoch >= steps_per_epoch:  # the estimate was low
                 steps_per_epoch *= 2
@@ -370,6 +406,7 @@ def train_func(loop_config: dict[str, Any]) -> None:
                 compile_cache.after_first_step()
                 worker_facts.update(compile_facts, compile_s=compile_seconds(), **counters())
             done_in_epoch += 1
+            consumed += mine.global_batch
             epoch_loss += step_loss
             window_loss += step_loss
             epoch_steps, window_steps = epoch_steps + 1, window_steps + 1
@@ -436,3 +473,5 @@ def train_func(loop_config: dict[str, Any]) -> None:
         save(metrics, epoch, done_in_epoch, True)
     gate.close()
     events.flush()
+    if reader is not None:
+        reader.close()

@@ -1,0 +1,73 @@
+"""Which data path a job takes, from what `--data`/`--dataset` say (pure; stdlib only).
+
+- **prepared**: `--data` names a prepared corpus (training.data.shards: token shards plus a
+  manifest, made once by `submitter data prepare`): a NAME (no `/`: `<storage>/corpora/NAME`,
+  under the namespace's root on a cluster), a path ending in `/manifest.json`, or a path under
+  a `corpora/` directory. The workers read its shards by position: no tokenizing, no Ray Data,
+  so a worker pod keeps no CPU back for Ray Data.
+- **decided at start**: `--data` is a directory or bucket prefix without a file suffix: a
+  prepared corpus when it holds `manifest.json`, else its files are tokenized on the fly. The
+  pods keep the data CPUs (render cannot look).
+- **on the fly**: files with a text/Parquet/JSONL suffix, a Hugging Face dataset, the offline
+  corpus: Ray Data reads and tokenizes them in the worker pods every epoch (fine for small data;
+  prepare large data once).
+
+`render` shows the choice and why (`resolved.dataPath`); the run's first lines say it again.
+"""
+
+from __future__ import annotations
+
+import posixpath
+from dataclasses import dataclass
+from typing import Optional
+
+from submitter.contract.naming import OFFLINE_DATASET
+from submitter.contract.storage import CORPORA_DIR
+
+PREPARED, AT_START, ON_THE_FLY = "prepared", "decided-at-start", "on-the-fly"
+MANIFEST = "manifest.json"
+
+
+@dataclass(frozen=True)
+class DataPath:
+    kind: str           # PREPARED | AT_START | ON_THE_FLY
+    why: str            # one line for `resolved` and the run's output
+    name: Optional[str] = None  # a prepared corpus given by NAME
+
+    def to_dict(self) -> dict[str, str]:
+        return {"kind": self.kind, "why": self.why}
+
+
+def is_corpus_name(data: str) -> bool:
+    """A bare NAME (`--data fineweb10b`): a corpus under the storage's corpora/."""
+    return "/" not in data and "://" not in data and "." not in data and bool(data)
+
+
+def data_path(data: Optional[str], dataset: str) -> DataPath:
+    """The job's data path (see the module's docstring)."""
+    if data is None:
+        what = ("the offline corpus" if dataset == OFFLINE_DATASET
+                else f"Hugging Face dataset {dataset}")
+        return DataPath(ON_THE_FLY, f"{what}: tokenized on the fly by Ray Data in the worker "
+                                    "pods (prepare large data once: submitter data prepare)")
+    if is_corpus_name(data):
+        return DataPath(PREPARED, f"--data {data} names a prepared corpus "
+                                  f"(<storage>/{CORPORA_DIR}/{data}): its shards are read by "
+                                  "position in the workers, nothing tokenized, no Ray Data",
+                        name=data)
+    path = data.rstrip("/")
+    if posixpath.basename(path) == MANIFEST or f"/{CORPORA_DIR}/" in f"{path}/":
+        return DataPath(PREPARED, f"--data {data} is a prepared corpus: its shards are read by "
+                                  "position in the workers, nothing tokenized, no Ray Data")
+    if "." not in posixpath.basename(path):
+        return DataPath(AT_START, f"--data {data} is a directory: a prepared corpus if it "
+                                  f"holds {MANIFEST} (read by position), else its files are "
+                                  "tokenized on the fly")
+    return DataPath(ON_THE_FLY, f"--data {data}: files tokenized on the fly by Ray Data in the "
+                                "worker pods (prepare large data once: submitter data prepare)")
+
+
+def corpus_dir(data: str) -> str:
+    """The corpus directory a prepared `--data` path names (without `/manifest.json`)."""
+    path = data.rstrip("/")
+    return posixpath.dirname(path) if posixpath.basename(path) == MANIFEST else path

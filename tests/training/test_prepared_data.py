@@ -1,0 +1,111 @@
+"""`--data <prepared corpus>`: which data path a job takes and why (render's `resolved`, the
+run's first lines), and a corpus that cannot be trained on refused in one line, exit 2, before
+Ray starts or anything is written (through the real entry, `python -m training`'s main)."""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow.fs as pafs
+import pytest
+
+from submitter.contract.data_path import AT_START, ON_THE_FLY, PREPARED, data_path
+from submitter.contract.spec import JobSpec
+from tests.support.corpus import BYTE, GPT2, make_corpus
+from training.data import shards as sh
+
+BLOCK = 16
+
+
+def test_the_data_path_is_chosen_by_what_the_data_is():
+    assert data_path("fineweb10b", "x").kind == PREPARED
+    assert data_path("s3://b/corpora/fw", "x").kind == PREPARED
+    assert data_path("/mnt/c/fw/manifest.json", "x").kind == PREPARED
+    assert data_path("/mnt/c/fw", "x").kind == AT_START
+    assert data_path("/mnt/c/train.txt", "x").kind == ON_THE_FLY
+    assert data_path(None, "python-stdlib").kind == ON_THE_FLY
+    gpu = dict(name="j", gpu_per_pod=2, cpu_per_pod="8")
+    prepared, fly = JobSpec.build(data="fw", **gpu), JobSpec.build(**gpu)
+    # a prepared corpus is read in the workers' own processes: no CPU kept for Ray Data
+    assert prepared.data_cpus_per_pod == 0 and fly.data_cpus_per_pod == 2
+    assert prepared.cpus_per_train_worker == 4 and fly.cpus_per_train_worker == 3
+    said = prepared.resolved()["dataPath"]
+    assert said["kind"] == PREPARED and "no Ray Data" in said["why"]
+    assert "on the fly" in fly.resolved()["dataPath"]["why"]
+
+
+def test_render_takes_a_corpus_name_and_says_which_path(runner):
+    from submitter.cli import main as cli
+
+    out = runner.invoke(cli, ["render", "--name", "j", "--data", "fw", "-n", "ns"])
+    assert out.exit_code == 0, out.output
+    doc = next(json.loads(e["value"]) for e in _envs(out.output) if e["name"] == "SUBMITTER_JOB")
+    assert doc["resolved"]["dataPath"]["kind"] == PREPARED
+    assert doc["resolved"]["dataCpusPerPod"] == 0
+
+
+def _envs(text):
+    import yaml
+
+    for obj in yaml.safe_load_all(text):
+        if obj and obj.get("kind") == "RayJob":
+            for group in [obj["spec"]["rayClusterSpec"]["headGroupSpec"]]:
+                for c in group["template"]["spec"]["containers"]:
+                    yield from c.get("env", [])
+
+
+def _main(capsys, storage, *argv):
+    """`python -m training` (its main, in this process): the exit code and stderr's lines."""
+    import ray
+
+    from training.__main__ import main
+
+    code = main(["--name", "j", "--storage-path", str(storage), "--model", "tiny",
+                 "--tokenizer", "byte", "--block-size", str(BLOCK), *argv])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert not ray.is_initialized()  # refused before Ray started
+    assert not (storage / "j").exists()  # nothing written for the run
+    return code, err
+
+
+def _damage_manifest(root):
+    m = sh.read_manifest(pafs.LocalFileSystem(), str(root))
+    shard = m.shards[0]
+    bad = sh.Manifest(**{**m.__dict__, "shards": (sh.Shard(shard.file, shard.split,
+                                                           shard.tokens + BLOCK),
+                                                  *m.shards[1:])})
+    (root / sh.MANIFEST).write_text(bad.to_json())
+
+
+@pytest.mark.parametrize("tokenizer, damage, says", [
+    (GPT2, None, "tokenizer"),
+    (BYTE, lambda root: (root / "train-000001.bin").unlink(), "missing"),
+    (BYTE, lambda root: (root / "train-000000.bin").write_bytes(
+        (root / "train-000000.bin").read_bytes()[:-6]), "truncated"),
+    (BYTE, _damage_manifest, "the manifest says"),
+    (BYTE, lambda root: (root / sh.MANIFEST).unlink(), "no manifest.json"),
+], ids=["tokenizer", "missing-shard", "truncated-shard", "manifest-disagrees", "no-manifest"])
+def test_a_corpus_that_cannot_be_trained_on_is_one_line_and_exit_2(
+        capsys, storage, tokenizer, damage, says):
+    root = storage / "corpora" / "c"
+    make_corpus(pafs.LocalFileSystem(), str(root), [BLOCK * 40, BLOCK * 40], block=BLOCK,
+                tokenizer=tokenizer)
+    if damage:
+        damage(root)
+    for data in ("c", str(root)):  # by NAME (under the storage) and by path
+        code, err = _main(capsys, storage, "--data", data)
+        assert code == 2 and len(err) == 1 and says in err[0], err
+
+
+def test_a_corpus_shorter_than_one_step_is_refused(capsys, storage):
+    make_corpus(pafs.LocalFileSystem(), str(storage / "corpora" / "c"), [BLOCK * 12],
+                block=BLOCK)  # 12 sequences; 2 workers x 8 a step
+    code, err = _main(capsys, storage, "--data", "c", "--replicas", "2")
+    assert code == 2 and len(err) == 1 and "fewer than one optimizer step (16)" in err[0], err
+
+
+@pytest.mark.parametrize("data, says", [("hdfs://nn/corpora/c", "hdfs://"),
+                                        ("corpora/c", "relative path")])
+def test_a_corpus_path_the_storage_policy_refuses(capsys, storage, data, says):
+    code, err = _main(capsys, storage, "--data", data)
+    assert code == 2 and len(err) == 1 and says in err[0], err
