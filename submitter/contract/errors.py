@@ -26,7 +26,8 @@ EXIT_CODES: tuple[tuple[int, str], ...] = (
                  "`resume --watch`; also stopped with `submitter stop`, or deleted before it "
                  "ended; a job Kueue holds in a queue is waited for)"),
     (BAD_INPUT, "bad input: one line saying what is wrong and how to fix it; nothing applied "
-                "or written"),
+                "or written (also a name taken by objects submitter did not create, a namespace "
+                "that does not exist, an existing PVC that is not ReadWriteMany)"),
     (WATCH_TIMEOUT, "`watch --timeout` elapsed (the job keeps running)"),
     (UNOBSERVABLE, "the API could not be asked: unreachable, the credentials rejected (401), an "
                    "answer that is not Kubernetes' (an auth proxy's login page), or no answer "
