@@ -17,7 +17,7 @@ from typing import Any, Callable
 import click
 
 from submitter import __version__
-from submitter.cli_help import GroupedCommand, exit_codes_epilog
+from submitter.cli_help import GroupedCommand
 from submitter.cli_options import (NAMESPACE_HELP, cluster_options, context_namespace_options,
                                    default_namespace, request_timeout, spec_namespace)
 from submitter.contract.errors import SubmitterError, UsageError
@@ -150,6 +150,13 @@ class _Group(click.Group):
             self.add_command(data)
         return super().get_command(ctx, name)
 
+    def format_epilog(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """The exit-code table, built when help is shown (textwrap stays out of `render`)."""
+        from submitter.cli_help import exit_codes_epilog
+
+        self.epilog = self.epilog or exit_codes_epilog()
+        super().format_epilog(ctx, formatter)
+
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
@@ -166,7 +173,7 @@ class _Group(click.Group):
             ctx.exit(130)
 
 
-@click.group(cls=_Group, epilog=exit_codes_epilog(),
+@click.group(cls=_Group,
              context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(__version__, prog_name="submitter")
 def main() -> None:
