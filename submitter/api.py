@@ -76,10 +76,30 @@ def submit(spec: JobSpec, *, dry_run: str = "none", context: str | None = None,
     follow it to its end. What `submitter submit` runs: the report goes to `out`/`err` when
     given (the CLI's streams), else into `Submitted.report`. The plan is rendered once (a
     --script job's code is packed once, and a bucket bundle uploaded before the apply)."""
+    return _apply(spec, None, dry_run=dry_run, context=context, kubeconfig=kubeconfig, kube=kube,
+                  request_timeout=request_timeout, watch=watch, output=output, out=out, err=err)
+
+
+def prepare(spec: JobSpec, *, dry_run: str = "none", context: str | None = None,
+            kubeconfig: str | None = None, kube: "Kube | None" = None,
+            request_timeout: float | None = None, watch: bool = False, output: str = "text",
+            out: TextIO | None = None, err: TextIO | None = None) -> Submitted:
+    """`submitter data prepare`: the prepare job (`python -m training.prepare` on CPU workers,
+    the same objects, ownership and storage as a training job) applied as `submit` applies a
+    job; it writes the prepared corpus `<storage>/<namespace>/corpora/<name>`."""
+    return _apply(spec, "prepare", dry_run=dry_run, context=context, kubeconfig=kubeconfig,
+                  kube=kube, request_timeout=request_timeout, watch=watch, output=output,
+                  out=out, err=err)
+
+
+def _apply(spec: JobSpec, program: str | None, *, dry_run: str, context: str | None,
+           kubeconfig: str | None, kube: "Kube | None", request_timeout: float | None,
+           watch: bool, output: str, out: TextIO | None, err: TextIO | None) -> Submitted:
     from submitter.cluster import submit_job
+    from submitter.render import render as render_plan
 
     spec = placed(spec, context, kubeconfig)
-    plan = render(spec)
+    plan = render_plan(spec, program)
     captured = io.StringIO() if out is None else None
     code = submit_job(spec, plan=plan, dry_run=dry_run, watch=watch, output=output,
                       context=context, kubeconfig=kubeconfig, kube=kube,

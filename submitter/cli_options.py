@@ -142,3 +142,24 @@ def parse_duration(text: str, flag: str = "--timeout") -> float:
     if seconds <= 0:
         raise UsageError(f"{flag} {text!r} must be positive")
     return seconds
+
+
+def job_option(f: Any, default: Any,
+               help: str | None = None) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """The click option of one JobSpec field: its flag, help and default shown, but no click
+    default ("not given", so a job file sets what the flags leave alone). Every command that
+    takes job settings (render, submit, init, data prepare) builds its flags here."""
+    from submitter.contract.spec import field_types, flag_name
+
+    meta, kind = {**f.metadata, "help": help or f.metadata["help"]}, field_types()[f.name]
+    shown = "" if default in (None, "", {}, []) or help else f" [default: {default}]"
+    decls = [flag_name(f.name)] + ([meta["short"]] if meta["short"] else [])
+    if kind is bool:
+        return click.option(f"{flag_name(f.name)}/--no-{flag_name(f.name)[2:]}", f.name,
+                            default=None, help=meta["help"] + shown)
+    if kind in (dict, list):
+        return click.option(*decls, f.name, multiple=True, metavar=meta["metavar"],
+                            help=meta["help"])
+    # text: JobSpec coerces and checks it (ASCII digits, ranges) with one message
+    return click.option(*decls, f.name, default=None, metavar=meta["metavar"] or kind.__name__.upper(),
+                        help=meta["help"] + shown)

@@ -27,7 +27,7 @@ from submitter.contract.errors import SpecError
 from submitter.contract.naming import CREDENTIAL_ENV as _CREDENTIAL_ENV
 from submitter.contract.naming import OFFLINE_DATASET, RESERVED_ENV_PREFIX
 from submitter.contract.data_path import PREPARED, DataPath, data_path
-from submitter.contract.storage import pod_file_schema, storage_path_schema
+from submitter.contract.storage import CORPORA_DIR, pod_file_schema, storage_path_schema
 from submitter.contract.tracking import tracker_env_problem
 
 #: The Ray version the image and `rayClusterSpec.rayVersion` are built for.
@@ -182,6 +182,9 @@ def _name(v: str) -> str | None:
     if not _DNS1035.fullmatch(v):
         return (f"{_show(v)} is not a valid name: use lower-case letters, digits and '-', "
                 "starting with a letter and ending with a letter or digit")
+    if v == CORPORA_DIR:  # a run directory <storage>/corpora would share the corpora's folder
+        return (f"{_show(v)} is where prepared corpora live (<storage>/{CORPORA_DIR}/NAME); "
+                "choose another name")
     return None
 
 

@@ -1,0 +1,129 @@
+"""`submitter data ...`: prepared corpora. `data prepare` tokenizes a source once into token
+shards plus a manifest on the runs' storage (`<storage>/<namespace>/corpora/<name>` on a cluster,
+`<storage>/corpora/<name>` locally), as a RayJob of its own on CPU workers (the program
+`python -m training.prepare`, given the job document a training job gets), or here with --local.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from functools import lru_cache
+from typing import Any, Callable
+
+import click
+
+from submitter.cli_help import GroupedCommand
+from submitter.cli_options import cluster_options, job_option, request_timeout
+from submitter.contract.errors import UsageError
+from submitter.contract.spec import JobSpec, defaults, field_types, flag_name, parse_pairs
+
+#: The job settings `data prepare` takes: the job's identity, its pods (CPU workers), their
+#: scheduling, the storage, the data flags `submit` has, and the RayJob's lifecycle.
+PREPARE_SETTINGS = (
+    "name", "namespace", "image", "image_pull_policy", "env", "secret_env", "env_from_secret",
+    "label", "annotation",
+    "replicas", "cpu_per_pod", "memory_per_pod", "head_cpu", "head_memory",
+    "node_selector", "toleration", "priority_class", "queue", "runtime_class",
+    "service_account", "image_pull_secret",
+    "storage_path", "storage_mount", "storage_size", "storage_class", "storage_access_mode",
+    "existing_pvc", "allow_ephemeral_storage",
+    "dataset", "dataset_config", "data", "data_format", "text_column", "tokenizer", "bpe_file",
+    "val_percent",
+    "ttl_seconds_after_finished", "backoff_limit", "active_deadline_seconds")
+
+
+def prepare_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    params = getattr(func, "__click_params__", None)
+    if params is None:
+        params = func.__click_params__ = []  # type: ignore[attr-defined]
+    params.extend(_prepare_params())
+    return func
+
+
+@lru_cache(maxsize=1)
+def _prepare_params() -> tuple[click.Parameter, ...]:
+    def holder() -> None: ...
+
+    default = defaults()
+    helps = {"name": "the prepared corpus's name, and its job's (required)",
+             "replicas": "CPU worker pods that tokenize (N, or MIN:MAX)",
+             "namespace": "Kubernetes namespace [default: the kubeconfig context's, as kubectl]"}
+    func: Any = holder
+    for f in reversed([f for f in dataclasses.fields(JobSpec) if f.name in PREPARE_SETTINGS]):
+        func = job_option(f, default[f.name], helps.get(f.name))(func)
+    return tuple(func.__click_params__)
+
+
+def prepare_flags(options: dict[str, Any]) -> dict[str, Any]:
+    """The settings given on the command line (JobSpec checks and coerces them)."""
+    types = field_types()
+    flags: dict[str, Any] = {}
+    for name in PREPARE_SETTINGS:
+        value = options.pop(name, None)
+        if types[name] in (dict, list):
+            value = (parse_pairs(flag_name(name), value) if types[name] is dict
+                     else list(value)) if value else None
+        if value is not None:
+            flags[name] = value
+    if not flags.get("name"):
+        raise UsageError("data prepare needs the corpus's name: --name NAME (lower-case letters, "
+                         "digits and '-'), e.g. --name fineweb-edu-10bt")
+    return flags
+
+
+@click.group()
+def data() -> None:
+    """Prepared corpora: a source tokenized once onto the runs' storage.
+
+    \b
+    Examples:
+      submitter data prepare --name wiki --local --data ./wiki.txt --bpe-file gpt2.tiktoken
+      submitter data prepare --name fineweb-edu-10bt --dataset HuggingFaceFW/fineweb-edu \\
+          --dataset-config sample-10BT --replicas 8 --cpu-per-pod 16 --watch
+    """
+
+
+@data.command(cls=GroupedCommand)
+@prepare_options
+@cluster_options
+@click.option("--local", is_flag=True,
+              help="run the prepare program (python -m training.prepare) here, on an embedded "
+                   "Ray with this machine's CPUs (needs submitter-gpt2[train])")
+@click.option("--dry-run", type=click.Choice(["none", "client", "server"]), default="none",
+              help="client: print the objects (GitOps), change nothing; server: let the API "
+                   "server validate them without persisting")
+@click.option("--watch", "watch_after", is_flag=True, help="watch the job after submitting")
+@click.option("-o", "--output", type=click.Choice(["text", "yaml", "json"]), default="text",
+              help="output format")
+def prepare(local: bool, dry_run: str, watch_after: bool, output: str, kube_context: str | None,
+            kubeconfig: str | None, **options: Any) -> None:
+    """Tokenize a source once into token shards (llm.c's format) plus a manifest, under the
+    storage path's corpora/NAME, for `submit --data` to train on without tokenizing.
+
+    The source: --dataset NAME [--dataset-config C] (a Hub dataset, read as Parquet by ranged
+    reads, never downloaded whole), --data PATH|URI (text, Parquet or JSONL files or a bucket),
+    or the offline corpus. Preparing the same source and tokenizer again does nothing; an
+    interrupted prepare continues shard by shard; another source under the same name is refused.
+
+    \b
+    Examples:
+      submitter data prepare --name wiki --local --data /data/wiki.txt --bpe-file gpt2.tiktoken
+      submitter data prepare --name fineweb-edu-10bt --dataset HuggingFaceFW/fineweb-edu \\
+          --dataset-config sample-10BT --replicas 8 --cpu-per-pod 16 --watch
+      submitter data prepare --name fineweb-edu-10bt --dataset HuggingFaceFW/fineweb-edu \\
+          --dataset-config sample-10BT --dry-run=client -o yaml > prepare.yaml   # GitOps
+      submitter watch fineweb-edu-10bt
+    """
+    flags = prepare_flags(options)
+    if local:
+        from submitter.local import run_prepare_local
+
+        sys.exit(run_prepare_local(flags, output=output))
+    from submitter import api
+
+    spec = JobSpec.build(**flags)
+    sys.exit(api.prepare(spec, dry_run=dry_run, watch=watch_after, output=output,
+                         context=kube_context, kubeconfig=kubeconfig,
+                         request_timeout=request_timeout(), out=sys.stdout,
+                         err=sys.stderr).exit_code)
