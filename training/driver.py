@@ -239,6 +239,8 @@ def run(cfg: TrainConfig, *, on_event: OnEvent, notice: Notice = print,
 
     check_installed(os.environ)  # MLflow/W&B asked for and not installed: exit 2, nothing started
     prepared = check_prepared(cfg)  # a bad corpus: exit 2, nothing started or written
+    notice(f"data path: prepared: {prepared.why}" if prepared is not None
+           else f"data path: on the fly: {cfg.job.data_path.why}")
     claim = claim_run_dir(cfg, notice)
     from training.run.logs import kept_logs
 
@@ -389,7 +391,6 @@ def _prepare(cfg: TrainConfig, hub: Any, notice: Notice, claim: Claim,
     A prepared corpus is read by the workers themselves: no Ray Data pipeline, no datasets."""
     import ray
     import ray.train
-    from ray.data import DataContext
     from ray.train.torch import TorchTrainer
 
     from training.data.pipeline import load_corpus, token_datasets
@@ -402,22 +403,21 @@ def _prepare(cfg: TrainConfig, hub: Any, notice: Notice, claim: Claim,
     from training.run_plan import data_config, plan_run
     from training.data.tokens import get_encoding
 
-    ctx = DataContext.get_current()
-    ctx.enable_progress_bars = False
-    ctx.execution_options.preserve_order = True  # same data order on every (re)start
     tok_spec, tok_line = claim.tokenizer, claim.tokenizer_line
     notice(tok_line)
     encoding = get_encoding(tok_spec)
     block = cfg.block_size or PRESETS[cfg.model].block_size
-    chosen = cfg.job.data_path
     if prepared is not None:  # the workers read the shards by position (training.data.reader)
-        notice(f"data path: prepared: {prepared.why}")
         notice(prepared.line)
         description, data_kwargs = prepared.line, {}
         corpus_loop = {"corpus": {"uri": prepared.uri, "block": block}}
         plan = plan_run(cfg, None, tok_spec, block, notice, sequences=prepared.sequences)
     else:
-        notice(f"data path: on the fly: {chosen.why}")
+        from ray.data import DataContext
+
+        ctx = DataContext.get_current()
+        ctx.enable_progress_bars = False
+        ctx.execution_options.preserve_order = True  # same data order on every (re)start
         corpus = load_corpus(cfg.dataset, cfg.dataset_config, cfg.data, cfg.data_format,
                              cfg.text_column, cfg.val_data, cfg.limit_rows)
         notice(corpus.description)

@@ -109,3 +109,47 @@ def test_a_corpus_shorter_than_one_step_is_refused(capsys, storage):
 def test_a_corpus_path_the_storage_policy_refuses(capsys, storage, data, says):
     code, err = _main(capsys, storage, "--data", data)
     assert code == 2 and len(err) == 1 and says in err[0], err
+
+
+@pytest.mark.slow
+def test_a_preempted_run_on_a_prepared_corpus_resumes_at_its_position(storage):
+    """Real Ray, 2 workers, a prepared corpus: SIGTERM to a worker mid-epoch checkpoints at a
+    step boundary with the data's position; the retried group starts its readers there (the
+    restart says the position, and the steps go on from the next one: nothing replayed)."""
+    import signal
+
+    import ray
+
+    from tests.training.test_ray import _events, _run, _signal_a_worker, _when
+
+    make_corpus(pafs.LocalFileSystem(), str(storage / "corpora" / "c"), [64 * 400, 64 * 240],
+                val=64 * 32, block=64)  # 640 sequences: 40 steps of 2 x 8
+    signalled: list[int] = []
+
+    def mid_epoch(events: list[dict]) -> bool:
+        return any(e["type"] == "progress" and e["step"] >= 12 for e in events)
+
+    watcher = _when(storage, "pd", mid_epoch, _signal_a_worker(signal.SIGTERM, signalled))
+    try:
+        outcome = _run(["--name", "pd", "--storage-path", str(storage), "--model", "tiny",
+                        "--data", "c", "--tokenizer", "byte", "--block-size", "64",
+                        "--val-steps", "2", "--replicas", "2", "--epochs", "1",
+                        "--max-failures", "2", "--progress-every", "1"])
+    finally:
+        ray.shutdown()
+    watcher.join(timeout=1)
+    assert signalled, "no worker got SIGTERM"
+    assert outcome.ok, outcome.error
+    events = _events(storage, "pd")
+    started = events[0]
+    assert started["data_path"] == "prepared" and started["steps_per_epoch"] == 40
+    assert started["steps_per_epoch_estimated"] is False
+    saved = [e for e in events if e["type"] == "checkpoint_saved" and e["reason"] == "preemption"]
+    assert len(saved) == 1
+    at = saved[0]["step"]
+    restart = next(e for e in events if e["type"] == "worker_group_restarted")
+    assert restart["step"] == at and restart["sequences_in_epoch"] == at * 16
+    i = events.index(restart)
+    assert next(e for e in events[i:] if e["type"] == "progress")["step"] == at + 1
+    assert [e["steps"] for e in events if e["type"] == "epoch_finished"] == [40 - at]
+    assert events[-1]["type"] == "run_finished" and events[-1]["step"] == 40

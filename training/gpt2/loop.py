@@ -9,10 +9,14 @@ A step is one optimizer step: `accumulation` micro-batches per worker (the job's
 global batch: ~0.5 M tokens on GPUs, submitter.contract.batch), gradients communicated only on
 the last (training.gpt2.parallel.gradient_sync: DDP `no_sync`, FSDP2 `set_requires_gradient_sync`).
 Per step nothing waits for the GPU: the loss is summed on the device and read (`.item()`, one
-all-reduce) every `progress_every` steps. Batches arrive as NumPy from Ray Data and are copied to the device only when used, so
-the batches a resume skips never leave the host. Every epoch's data order is shuffled by a
-seeded local shuffle (seed, epoch, rank), the same on every (re)start, so a resume that skips
-k batches sees exactly the batches the interrupted run would have seen next.
+all-reduce) every `progress_every` steps. Batches arrive as NumPy and are copied to the device
+only when used. Two data paths: a prepared corpus (`loop_config["corpus"]`,
+training.data.reader) is read by position: each rank computes its slice of every global step
+from (seed, epoch, sequences consumed in the epoch), which the checkpoint carries, so a resume
+reads nothing before its position and a resized group continues the same global sequence.
+Otherwise Ray Data's shard: its order is a seeded local shuffle (seed, epoch, rank), the same on
+every (re)start, so a resume that skips k batches (read on the host, never copied to the device)
+sees exactly the batches the interrupted run would have seen next.
 `tokens_per_sec` is over wall time, data waits included; `data_wait_fraction` is each step's
 wait for data over that step's time, summed over the window's steps (training.gpt2.input_path).
 Checkpoints: at every epoch end, every `checkpoint_every` steps, and every `checkpoint_minutes`
