@@ -16,9 +16,9 @@ def test_submit_renders_the_plan_once(monkeypatch):
     calls = []
     real = render_module.render
 
-    def counting(spec):
+    def counting(spec, *program):
         calls.append(spec.name)
-        return real(spec)
+        return real(spec, *program)
 
     monkeypatch.setattr(render_module, "render", counting)
     monkeypatch.setattr(cluster_module, "render", counting)
