@@ -201,7 +201,8 @@ def test_watch_cli_stall_timeout_exit_code_and_help(api, job, kubeconfig, runner
     assert time.monotonic() - started < 10
     assert "made no progress for 1s" in result.stderr
     help_text = runner.invoke(main, ["watch", "--help"]).output
-    assert "5  --stall-timeout elapsed" in help_text and "3  --timeout elapsed" in help_text
+    help_text = " ".join(help_text.split())
+    assert "5 watch --stall-timeout elapsed" in help_text and "3 watch --timeout elapsed" in help_text
     bad = runner.invoke(main, ["watch", NAME, "--kubeconfig", kubeconfig, "--stall-timeout", "later"])
     assert bad.exit_code == 2 and "--stall-timeout 'later' is not a duration" in bad.stderr
 
