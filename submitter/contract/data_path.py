@@ -18,6 +18,7 @@
 from __future__ import annotations
 
 import posixpath
+import re
 from dataclasses import dataclass
 from typing import Optional
 
@@ -26,6 +27,8 @@ from submitter.contract.storage import CORPORA_DIR
 
 PREPARED, AT_START, ON_THE_FLY = "prepared", "decided-at-start", "on-the-fly"
 MANIFEST = "manifest.json"
+#: A corpus NAME as JSON Schema sees it (the chart's values): no `/`, no `.`, no scheme.
+CORPUS_NAME_PATTERN = "^[^/.:\\x00-\\x1f\\x7f]+$"
 
 
 @dataclass(frozen=True)
@@ -40,7 +43,7 @@ class DataPath:
 
 def is_corpus_name(data: str) -> bool:
     """A bare NAME (`--data fineweb10b`): a corpus under the storage's corpora/."""
-    return "/" not in data and "://" not in data and "." not in data and bool(data)
+    return re.fullmatch(CORPUS_NAME_PATTERN, data) is not None
 
 
 def data_path(data: Optional[str], dataset: str) -> DataPath:

@@ -26,7 +26,7 @@ from submitter.contract import batch
 from submitter.contract.errors import SpecError
 from submitter.contract.naming import CREDENTIAL_ENV as _CREDENTIAL_ENV
 from submitter.contract.naming import OFFLINE_DATASET, RESERVED_ENV_PREFIX
-from submitter.contract.data_path import PREPARED, DataPath, data_path
+from submitter.contract.data_path import CORPUS_NAME_PATTERN, PREPARED, DataPath, data_path
 from submitter.contract.storage import CORPORA_DIR, pod_file_schema, storage_path_schema
 from submitter.contract.tracking import tracker_env_problem
 
@@ -525,6 +525,13 @@ def _pod_file(v: str) -> str | None:
     return _text(v)
 
 
+@_schema({"maxLength": MAX_TEXT, "allOf": [{"pattern": _TEXT}, {"anyOf": [
+    pod_file_schema(), {"pattern": CORPUS_NAME_PATTERN}]}]})
+def _data(v: str) -> str | None:
+    """--data: a file the pod reads (as _pod_file), or a prepared corpus's NAME."""
+    return _text(v)
+
+
 @_schema({"maxLength": MAX_TEXT, "pattern": "^/[^\x00-\x1f\x7f]*$"})
 def _mount(v: str) -> str | None:
     return _text(v) or (None if v.startswith("/") else
@@ -745,9 +752,11 @@ class JobSpec:
                            help=f"Hugging Face dataset name, or {OFFLINE_DATASET} (offline corpus)")
     dataset_config: Optional[str] = setting("wikitext-103-raw-v1", group="data", check=_text,
                                             help="Hugging Face dataset config")
-    data: Optional[str] = setting(None, group="data", check=_pod_file,
+    data: Optional[str] = setting(None, group="data", check=_data,
                                   help="train on these files instead of --dataset (text, parquet "
-                                       "or jsonl; local path or object-store URI)")
+                                       "or jsonl; local path or object-store URI), or on a "
+                                       "prepared corpus: its NAME, path or URI (read by "
+                                       "position, nothing tokenized)")
     data_format: str = setting("auto", group="data", check=_one_of(DATA_FORMATS),
                                help="reader for --data: auto (by extension) | text | parquet | jsonl")
     text_column: str = setting("text", group="data", check=_text,

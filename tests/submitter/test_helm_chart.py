@@ -517,7 +517,10 @@ PROBES: dict[str, list[Any]] = {
     "image_pull_secret": [[], ["regcred"], ["a", "b"], ["Reg"], [""]],
     "ray_auth": ["token", "disabled", "on", ""],
     "data": [None, "/mnt/checkpoints/d.txt", "/opt/data/x", "s3://b/d/", "gs://b/x", "./data",
-             "data.txt", "~/data", "s3a://b/x", "S3://b/x", "hdfs://n/x", "file:///x", ""],
+             "data.txt", "~/data", "s3a://b/x", "S3://b/x", "hdfs://n/x", "file:///x", "",
+             "fineweb-edu-10b", "fw:1", "~fw"],  # a prepared corpus's NAME
+    "bpe_file": [None, "/mnt/checkpoints/d.txt", "/opt/data/x", "s3://b/d/", "./data",
+                 "data.txt", "~/data", "s3a://b/x", "hdfs://n/x", "file:///x", "", "fw"],
     "storage_path": [None, "/mnt/checkpoints/x", "s3://b/r", "", "/mnt/checkpoints/a b",
                      "/mnt/checkpoints/$(x)", "/mnt/checkpoints/a;b", "~/x", "~", "/mnt/~x",
                      "-/mnt/checkpoints"],
@@ -599,7 +602,7 @@ def test_a_trailing_newline_is_refused_by_both(field: str, value: str) -> None:
 def test_every_jobspec_field_is_probed() -> None:
     same_check = {"memory_per_pod": "cpu_per_pod", "head_cpu": "cpu_per_pod",
                   "head_memory": "cpu_per_pod", "storage_size": "cpu_per_pod",
-                  "bpe_file": "data", "val_data": "data", "text_column": "dataset",
+                  "val_data": "bpe_file", "text_column": "dataset",
                   "grad_clip": "weight_decay"}
     assert set(PROBES) | set(same_check) == {f.name for f in fields()}
     checks = {f.name: f.metadata["check"] for f in fields()}
