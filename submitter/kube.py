@@ -29,7 +29,7 @@ from urllib.parse import quote
 
 from submitter.contract.errors import (
     ApiDeadline, ApiUnavailable, BadResponse, ClusterError, Conflict, CrdMissing, Forbidden, NotFound,
-    Unauthorized, UsageError,
+    UNOBSERVABLE, Unauthorized, UsageError,
 )
 
 FIELD_MANAGER = "submitter"
@@ -106,7 +106,10 @@ class Expired(ClusterError):
 
 
 class StreamDropped(ClusterError):
-    """A watch or log stream ended without a clean close (connection reset, proxy timeout)."""
+    """A watch or log stream ended without a clean close (connection reset, proxy timeout):
+    the job could not be observed (exit 4), which says nothing of its outcome."""
+
+    exit_code = UNOBSERVABLE
 
 
 class _Retry(Exception):
