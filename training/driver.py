@@ -123,7 +123,8 @@ def check_prepared(cfg: TrainConfig) -> Optional[Prepared]:
     if uri is None:
         return None
     tok_spec, _ = resolve_tokenizer(cfg.tokenizer, cfg.bpe_file)
-    _, _, manifest = open_manifest(uri, check=True,
+    label = f"--data {cfg.data}" + (f" ({uri})" if uri != cfg.data else "")
+    _, _, manifest = open_manifest(uri, check=True, label=label,
                                    identity=sh.tokenizer_identity(get_encoding(tok_spec)))
     block, step = cfg.job.block, cfg.job.batch_plan().global_batch
     sequences = sum(s.tokens // block for s in manifest.split(sh.TRAIN))

@@ -285,24 +285,28 @@ def filesystem(uri: str) -> tuple[Any, str]:
     return fs, path.rstrip("/")
 
 
-def open_manifest(uri: str, check: bool = True,
-                  identity: Optional[dict[str, Any]] = None) -> tuple[Any, str, sh.Manifest]:
+def open_manifest(uri: str, check: bool = True, identity: Optional[dict[str, Any]] = None,
+                  label: Optional[str] = None) -> tuple[Any, str, sh.Manifest]:
     """The corpus at `uri`: its filesystem, root and manifest; with `check` its files are
     checked against the manifest, with `identity` the job's tokenizer against the corpus's.
-    CorpusError (one line, exit 2) when it is not a whole prepared corpus."""
-    fs, root = filesystem(uri)
+    CorpusError (one line, exit 2, naming it `label`) when it is not a whole prepared corpus."""
+    label = label or f"--data {uri}"
+    try:
+        fs, root = filesystem(uri)
+    except (OSError, ValueError) as e:
+        raise sh.CorpusError(f"{label}: cannot open it ({e})") from None
     try:
         manifest = sh.read_manifest(fs, root)
     except OSError as e:
-        raise sh.CorpusError(f"--data {uri}: cannot read its manifest ({e}): check the path "
+        raise sh.CorpusError(f"{label}: cannot read its manifest ({e}): check the path "
                              f"and the credentials") from None
     if manifest is None:
-        raise sh.CorpusError(f"--data {uri}: no {sh.MANIFEST} there: not a prepared corpus, or "
-                             f"its prepare has not finished (submitter data prepare)")
+        raise sh.CorpusError(f"{label}: no {sh.MANIFEST} there: not a prepared corpus, or "
+                             f"its prepare has not finished (submitter data prepare --name ...)")
     if check:
         sh.check_files(fs, root, manifest)
     if identity is not None:
-        sh.check_tokenizer(manifest, identity, uri)
+        sh.check_tokenizer(manifest, identity, label)
     return fs, root, manifest
 
 
