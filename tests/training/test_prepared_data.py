@@ -153,3 +153,13 @@ def test_a_preempted_run_on_a_prepared_corpus_resumes_at_its_position(storage):
     assert next(e for e in events[i:] if e["type"] == "progress")["step"] == at + 1
     assert [e["steps"] for e in events if e["type"] == "epoch_finished"] == [40 - at]
     assert events[-1]["type"] == "run_finished" and events[-1]["step"] == 40
+
+
+def test_the_resume_position_comes_from_the_checkpoint():
+    from training.gpt2.loop import resume_position
+
+    assert resume_position(None, 16) == 0
+    mid = {"epoch": 1, "step": 30, "step_in_epoch": 5, "epoch_done": False}
+    assert resume_position({**mid, "sequences_in_epoch": 96}, 16) == 96  # saved by another size
+    assert resume_position(mid, 16) == 80  # a checkpoint from before positions: steps x G
+    assert resume_position({**mid, "epoch_done": True, "sequences_in_epoch": 96}, 16) == 0
