@@ -63,9 +63,9 @@ def chart_table(chart: Path = CHART) -> str:
 
 
 def on_config(config: Any, **_: Any) -> Any:
-    from submitter import cli, cli_cluster
+    from submitter import cli, cli_cluster, cli_data
 
-    for command in cli_cluster.COMMANDS:
+    for command in (*cli_cluster.COMMANDS, cli_data.data):  # the lazily loaded commands
         cli.main.add_command(command)
     return config
 

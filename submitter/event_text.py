@@ -24,8 +24,9 @@ def describe(event: Mapping[str, Any]) -> Optional[str]:
                 f"{event['tokens']:,} tokens  {fmt(event['tokens_per_sec'], ',.0f')} tok/s")
     if t == "run_finished" and "corpus" in event:
         already = " (prepared before: nothing written)" if event.get("already") else ""
-        return (f"corpus ready{already}: {event.get('shards')} shards, "
-                f"{fmt(event.get('tokens'), ',')} tokens, {event['corpus']}")
+        return (f"corpus ready{already}: {event.get('shards')} training shard(s), "
+                f"{fmt(event.get('tokens'), ',')} training and {fmt(event.get('val_tokens'), ',')} "
+                f"validation tokens in {event['corpus']}")
     if t == "run_started":
         return (f"run {event['run_name']} started: {event['num_workers']} worker(s), "
                 f"{event.get('epochs', '?')} epoch(s) x {event.get('steps_per_epoch', '?')} steps, "

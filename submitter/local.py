@@ -129,9 +129,8 @@ def run_prepare_local(flags: Mapping[str, Any], output: str = "text",
     view = JsonView(out) if output == "json" else PlainView(out)
     with view:
         outcome = follow_child(spec, storage, view, [sys.executable, "-m", "training.prepare"])
-    lines = ([f"corpus: {outcome.run_dir} ({outcome.state.metrics.get('shards')} shards, "
-              f"{outcome.state.metrics.get('tokens')} training tokens)",
-              f"train on it: submitter submit --local --data {outcome.run_dir}"]
+    given = f" --storage-path {storage}" if flags.get("storage_path") else ""
+    lines = ([f"train on it: submitter submit --local --data {spec.name}{given}"]
              if outcome.ok else [f"prepare failed: {outcome.error}"])
     for line in lines:
         (sys.stderr if output == "json" else out).write(line + "\n")

@@ -129,7 +129,10 @@ def _prepare(spec: Any, source: Any, tokenizer: Any, fs: Any, root: str, corpus:
 
 
 def _finished(corpus: str, manifest: Any, already: bool) -> dict[str, Any]:
-    return {"corpus": corpus, "shards": len(manifest.shards), "tokens": manifest.tokens(),
+    from training.data.shards import TRAIN, VAL
+
+    return {"corpus": corpus, "shards": len(manifest.split(TRAIN)), "tokens": manifest.tokens(TRAIN),
+            "val_tokens": manifest.tokens(VAL),
             "documents": manifest.extra.get("prepare", {}).get("documents"), "already": already}
 
 

@@ -75,7 +75,8 @@ OPTIONAL: dict[str, frozenset[str]] = {
                                "export_dir", "sample_prompt", "sample", "export_error",
                                # a prepare job: the corpus, its shards and tokens, documents
                                # read; already: it was prepared before and nothing was written
-                               "corpus", "shards", "tokens", "documents", "already"}),
+                               "corpus", "shards", "tokens", "val_tokens", "documents",
+                               "already"}),
     # reason: preemption when the driver got SIGTERM (the run is retryable)
     "run_failed": frozenset({"reason"}),
     # a --script run: error, one line per failed worker (rank: exception)
