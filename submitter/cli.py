@@ -19,10 +19,10 @@ import click
 from submitter import __version__
 from submitter.cli_help import GroupedCommand
 from submitter.cli_options import (NAMESPACE_HELP, cluster_options, context_namespace_options,
-                                   default_namespace, request_timeout, spec_namespace)
+                                   add_params, default_namespace, given_settings, job_option,
+                                   request_timeout, shown_default, spec_namespace)
 from submitter.contract.errors import SubmitterError, UsageError
-from submitter.contract.spec import (LOCAL_DEFAULTS, JobSpec, defaults, field_types, flag_name,
-                                     local_default_flags, parse_pairs)
+from submitter.contract.spec import LOCAL_DEFAULTS, JobSpec, defaults, local_default_flags
 
 _DEFAULTS = defaults()
 
@@ -34,11 +34,7 @@ def spec_options(func: Callable[..., Any]) -> Callable[..., Any]:
 
     The Option objects are built once and shared by render, submit and init (an Option holds
     no per-command state): building ~70 of them per command was most of this module's import."""
-    params = getattr(func, "__click_params__", None)
-    if params is None:
-        params = func.__click_params__ = []  # type: ignore[attr-defined]
-    params.extend(_spec_params())
-    return func
+    return add_params(func, _spec_params())
 
 
 @lru_cache(maxsize=1)
@@ -46,31 +42,17 @@ def _spec_params() -> tuple[click.Parameter, ...]:
     """The options in click's decorator order (click reverses them when it builds the command)."""
     def holder() -> None: ...
 
-    types = field_types()
     func: Any = holder
     for f in reversed(dataclasses.fields(JobSpec)):
-        meta = f.metadata
         default = _DEFAULTS[f.name]
-        shown = "" if default in (None, "", {}, []) else f" [default: {default}]"
+        shown, help_ = shown_default(default), None
         if f.name == "namespace":  # its default depends on the command: the one rule, said once
-            meta, shown = {**meta, "help": NAMESPACE_HELP}, ""
+            shown, help_ = "", NAMESPACE_HELP
         if LOCAL_DEFAULTS.get(f.name, default) != default:  # submit --local: a small job
             local = LOCAL_DEFAULTS[f.name]
             note = f"submit --local: {'none' if local is None else local}"
             shown = f"{shown[:-1]}; {note}]" if shown else f" [{note}]"
-        decls = [flag_name(f.name)] + ([meta["short"]] if meta["short"] else [])
-        kind = types[f.name]
-        if kind is bool:
-            opt = click.option(f"{flag_name(f.name)}/--no-{flag_name(f.name)[2:]}", f.name,
-                               default=None, help=meta["help"] + shown)
-        elif kind in (dict, list):
-            opt = click.option(*decls, f.name, multiple=True, metavar=meta["metavar"],
-                               help=meta["help"])
-        else:  # text: JobSpec coerces and checks it (ASCII digits, ranges) with one message
-            opt = click.option(*decls, f.name, default=None,
-                               metavar=meta["metavar"] or kind.__name__.upper(),
-                               help=meta["help"] + shown)
-        func = opt(func)
+        func = job_option(f, shown, help_)(func)
     func = click.option("-f", "--file", "job_file", metavar="FILE",
                         help="job file (YAML, snake_case keys, `render -o jobfile` writes one), "
                              "a Helm values file, or `submitter render` output; flags override "
@@ -90,15 +72,7 @@ def load_job_file(path: str | None) -> dict[str, Any]:
 def spec_values(options: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """Split command options into (job file values, flag overrides that were given)."""
     file_values = load_job_file(options.pop("job_file", None))
-    types = field_types()
-    flags: dict[str, Any] = {}
-    for f in dataclasses.fields(JobSpec):
-        value = options.pop(f.name, None)
-        if types[f.name] in (dict, list):
-            value = (parse_pairs(flag_name(f.name), value) if types[f.name] is dict
-                     else list(value)) if value else None
-        if value is not None:
-            flags[f.name] = value
+    flags = given_settings(options, [f.name for f in dataclasses.fields(JobSpec)])
     if "env" in flags and isinstance(file_values.get("env"), dict):
         flags["env"] = {**file_values["env"], **flags["env"]}
     return file_values, flags

@@ -14,9 +14,10 @@ from typing import Any, Callable
 import click
 
 from submitter.cli_help import GroupedCommand
-from submitter.cli_options import cluster_options, job_option, request_timeout
+from submitter.cli_options import (add_params, cluster_options, given_settings, job_option,
+                                   request_timeout, shown_default)
 from submitter.contract.errors import UsageError
-from submitter.contract.spec import JobSpec, defaults, field_types, flag_name, parse_pairs
+from submitter.contract.spec import JobSpec, defaults
 
 #: The job settings `data prepare` takes: the job's identity, its pods (CPU workers), their
 #: scheduling, the storage, the data flags `submit` has, and the RayJob's lifecycle.
@@ -34,11 +35,7 @@ PREPARE_SETTINGS = (
 
 
 def prepare_options(func: Callable[..., Any]) -> Callable[..., Any]:
-    params = getattr(func, "__click_params__", None)
-    if params is None:
-        params = func.__click_params__ = []  # type: ignore[attr-defined]
-    params.extend(_prepare_params())
-    return func
+    return add_params(func, _prepare_params())
 
 
 @lru_cache(maxsize=1)
@@ -51,21 +48,14 @@ def _prepare_params() -> tuple[click.Parameter, ...]:
              "namespace": "Kubernetes namespace [default: the kubeconfig context's, as kubectl]"}
     func: Any = holder
     for f in reversed([f for f in dataclasses.fields(JobSpec) if f.name in PREPARE_SETTINGS]):
-        func = job_option(f, default[f.name], helps.get(f.name))(func)
+        given = helps.get(f.name)
+        func = job_option(f, "" if given else shown_default(default[f.name]), given)(func)
     return tuple(func.__click_params__)
 
 
 def prepare_flags(options: dict[str, Any]) -> dict[str, Any]:
     """The settings given on the command line (JobSpec checks and coerces them)."""
-    types = field_types()
-    flags: dict[str, Any] = {}
-    for name in PREPARE_SETTINGS:
-        value = options.pop(name, None)
-        if types[name] in (dict, list):
-            value = (parse_pairs(flag_name(name), value) if types[name] is dict
-                     else list(value)) if value else None
-        if value is not None:
-            flags[name] = value
+    flags = given_settings(options, PREPARE_SETTINGS)
     if not flags.get("name"):
         raise UsageError("data prepare needs the corpus's name: --name NAME (lower-case letters, "
                          "digits and '-'), e.g. --name fineweb-edu-10bt")

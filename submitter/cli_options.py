@@ -144,22 +144,53 @@ def parse_duration(text: str, flag: str = "--timeout") -> float:
     return seconds
 
 
-def job_option(f: Any, default: Any,
+def shown_default(default: Any) -> str:
+    """` [default: X]` for a flag's help, or nothing when the default is empty."""
+    return "" if default in (None, "", {}, []) else f" [default: {default}]"
+
+
+def job_option(f: Any, shown: str = "",
                help: str | None = None) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """The click option of one JobSpec field: its flag, help and default shown, but no click
-    default ("not given", so a job file sets what the flags leave alone). Every command that
-    takes job settings (render, submit, init, data prepare) builds its flags here."""
+    """The click option of one JobSpec field: its flag, its help (or `help`) with `shown` (the
+    default it names), and no click default ("not given", so a job file sets what the flags
+    leave alone). Every command that takes job settings (render, submit, init, data prepare)
+    builds its flags here."""
     from submitter.contract.spec import field_types, flag_name
 
-    meta, kind = {**f.metadata, "help": help or f.metadata["help"]}, field_types()[f.name]
-    shown = "" if default in (None, "", {}, []) or help else f" [default: {default}]"
+    meta, kind = f.metadata, field_types()[f.name]
+    text = help or meta["help"]
     decls = [flag_name(f.name)] + ([meta["short"]] if meta["short"] else [])
     if kind is bool:
         return click.option(f"{flag_name(f.name)}/--no-{flag_name(f.name)[2:]}", f.name,
-                            default=None, help=meta["help"] + shown)
+                            default=None, help=text + shown)
     if kind in (dict, list):
-        return click.option(*decls, f.name, multiple=True, metavar=meta["metavar"],
-                            help=meta["help"])
+        return click.option(*decls, f.name, multiple=True, metavar=meta["metavar"], help=text)
     # text: JobSpec coerces and checks it (ASCII digits, ranges) with one message
     return click.option(*decls, f.name, default=None, metavar=meta["metavar"] or kind.__name__.upper(),
-                        help=meta["help"] + shown)
+                        help=text + shown)
+
+
+def add_params(func: Callable[..., Any], params: tuple[click.Parameter, ...]) -> Callable[..., Any]:
+    """Add options built once (and shared: an Option holds no per-command state) to a command."""
+    existing = getattr(func, "__click_params__", None)
+    if existing is None:
+        existing = func.__click_params__ = []  # type: ignore[attr-defined]
+    existing.extend(params)
+    return func
+
+
+def given_settings(options: dict[str, Any], names: Any) -> dict[str, Any]:
+    """Pop the job settings `names` from a command's options: those given, as JobSpec takes
+    them (KEY=VALUE pairs as a dict, repeated flags as a list)."""
+    from submitter.contract.spec import field_types, flag_name, parse_pairs
+
+    types = field_types()
+    flags: dict[str, Any] = {}
+    for name in names:
+        value = options.pop(name, None)
+        if types[name] in (dict, list):
+            value = (parse_pairs(flag_name(name), value) if types[name] is dict
+                     else list(value)) if value else None
+        if value is not None:
+            flags[name] = value
+    return flags
