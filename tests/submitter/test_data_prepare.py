@@ -96,3 +96,22 @@ def test_prepare_local_writes_the_corpus_once(storage, tmp_path):
     assert second.returncode == 0, second.stdout + second.stderr
     assert "already prepared" in second.stdout
     assert {p.name: p.stat().st_mtime_ns for p in corpus.rglob("*")} == before
+
+
+def test_watch_shows_a_prepare_job_s_progress():
+    from submitter.contract import events as ev
+    from submitter.event_text import describe
+
+    stream = [ev.make_event("run_started", seq=1, run_name="fw", num_workers=64,
+                            storage_path="s3://b/runs/team/corpora/fw", corpus="s3://b/runs/team/corpora/fw"),
+              ev.make_event("prepare_progress", seq=2, shards_done=3, shards=101,
+                            tokens=301_000_000, tokens_per_sec=4_200_000.0, documents=310_000),
+              ev.make_event("run_finished", seq=3, corpus="s3://b/runs/team/corpora/fw", shards=100,
+                            tokens=9_900_000_000, val_tokens=49_000_000, already=False)]
+    lines = [describe(e) for e in stream]
+    assert lines[0] == "prepare fw started: 64 CPU(s), corpus s3://b/runs/team/corpora/fw"
+    assert lines[1] == "shard 3/101 written  301,000,000 tokens  4,200,000 tok/s"
+    assert lines[2].startswith("corpus ready: 100 training shard(s), 9,900,000,000 training")
+    state = ev.fold(stream[:2])
+    assert (state.status, state.tokens_per_sec) == ("running", 4_200_000.0)
+    assert ev.fold(stream).status == "finished"

@@ -234,3 +234,30 @@ def test_a_missing_source_or_column_is_one_line(tmp_path, bpe):
     with pytest.raises(UsageError, match="no column 'body'"):
         _prepare(prep.files_source(str(tmp_path / "p.parquet"), "auto", "body"), tmp_path / "c", bpe)
     assert not os.path.exists(tmp_path / "c")
+
+
+def _program(storage, name, data, bpe, **more):
+    """`python -m training.prepare` in this process, given its job document as a pod is."""
+    from submitter.contract.naming import ENV_JOB
+    from training import prepare as program
+
+    job = {"name": name, "data": str(data), "bpe_file": bpe.bpe_file, "storage_path": str(storage),
+           **more}
+    return program.main([], environ={ENV_JOB: json.dumps(job)})
+
+
+def test_the_program_refuses_before_ray_starts_and_writes_nothing(storage, tmp_path, bpe, capsys):
+    _parquet(tmp_path / "one.parquet", _docs(20))
+    _parquet(tmp_path / "two.parquet", _docs(20, seed=4))
+    corpus = storage / "corpora" / "c"
+    _prepare(prep.files_source(str(tmp_path / "one.parquet"), "auto", "text"), corpus, bpe,
+             val_percent=5.0, shard_tokens=sh.SHARD_TOKENS, piece_bytes=prep.PIECE_BYTES)
+    before = _files(corpus)
+    assert _program(storage, "c", tmp_path / "one.parquet", bpe) == 0  # prepared: nothing to do
+    assert "already prepared" in capsys.readouterr().out
+    assert _program(storage, "c", tmp_path / "two.parquet", bpe) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "another --name" in err[0]
+    assert _files(corpus) == before
+    assert _program("/tmp/scratch-runs", "c", tmp_path / "one.parquet", bpe) == 2  # storage policy
+    assert "/tmp" in capsys.readouterr().err and not os.path.exists("/tmp/scratch-runs")
