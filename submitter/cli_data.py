@@ -16,6 +16,7 @@ import click
 from submitter.cli_help import GroupedCommand
 from submitter.cli_options import (add_params, cluster_options, given_settings, job_option,
                                    request_timeout, shown_default)
+from submitter.contract.data_path import PREPARED, data_path
 from submitter.contract.errors import UsageError
 from submitter.contract.spec import JobSpec, defaults
 
@@ -59,6 +60,11 @@ def prepare_flags(options: dict[str, Any]) -> dict[str, Any]:
     if not flags.get("name"):
         raise UsageError("data prepare needs the corpus's name: --name NAME (lower-case letters, "
                          "digits and '-'), e.g. --name fineweb-edu-10bt")
+    data = flags.get("data")
+    if data is not None and data_path(str(data), "").kind == PREPARED:
+        raise UsageError(f"--data {data} names a prepared corpus; data prepare reads a source: "
+                         "files or a directory of text, Parquet or JSONL by absolute path or "
+                         "bucket URI (or --dataset for a Hub dataset)")
     return flags
 
 

@@ -52,6 +52,9 @@ def test_a_rendered_prepare_job_is_a_rayjob_kuberay_accepts(runner):
     (["data", "prepare", "--name", "ok", "--local", "-o", "yaml"], "use -o text or -o json"),
     (["data", "prepare", "--name", "ok", "--val-percent", "100", "--dry-run=client"], "val-percent"),
     (["render", "--name", "corpora"], "where prepared corpora live"),
+    (["data", "prepare", "--name", "ok", "--data", "wiki", "--dry-run=client"], "names a prepared corpus"),
+    (["data", "prepare", "--name", "ok", "--data", "/mnt/checkpoints/corpora/wiki", "--local"],
+     "names a prepared corpus"),
 ])
 def test_bad_input_is_one_line_and_exit_2(runner, args, says):
     result = runner.invoke(cli, args)
