@@ -261,3 +261,18 @@ def test_the_program_refuses_before_ray_starts_and_writes_nothing(storage, tmp_p
     assert _files(corpus) == before
     assert _program("/tmp/scratch-runs", "c", tmp_path / "one.parquet", bpe) == 2  # storage policy
     assert "/tmp" in capsys.readouterr().err and not os.path.exists("/tmp/scratch-runs")
+
+
+def test_the_offline_corpus_makes_each_file_a_document(tmp_path, bpe):
+    import dataclasses
+
+    source = prep.offline_source()
+    assert source.kind == "offline" and len(source.files) > 100
+    assert prep.offline_source().fingerprint() == source.fingerprint()
+    few = dataclasses.replace(source, files=source.files[:4])
+    _prepare(few, tmp_path / "c", bpe, val_percent=0.0, piece_bytes=1 << 20)
+    m = sh.read_manifest(FS, str(tmp_path / "c"))
+    docs = [d for f in few.files
+            for d in prep.text_documents(open(f.path, encoding="utf-8").read().splitlines())]
+    assert len(docs) >= 4  # each file begins one
+    assert _read(tmp_path / "c", m, sh.TRAIN) == _expected(docs, bpe, 0.0)[sh.TRAIN]
