@@ -276,3 +276,36 @@ def test_the_offline_corpus_makes_each_file_a_document(tmp_path, bpe):
             for d in prep.text_documents(open(f.path, encoding="utf-8").read().splitlines())]
     assert len(docs) >= 4  # each file begins one
     assert _read(tmp_path / "c", m, sh.TRAIN) == _expected(docs, bpe, 0.0)[sh.TRAIN]
+
+
+def test_a_bucket_source_prepares_into_a_bucket_and_continues_there(s3_server, bpe):
+    """The object-store path (moto's S3 server): read by ranges, written object by object."""
+    s3_server.make_bucket("bkt")
+    fs = s3_server.filesystem()
+    docs = _docs(40, seed=21)
+    with fs.open_output_stream("bkt/src/part-0.jsonl") as out:
+        out.write("".join(json.dumps({"text": d}) + "\n" for d in docs).encode())
+    source = prep.files_source("s3://bkt/src", "auto", "text")
+    kw = {"name": "c", "val_percent": 0.0, "shard_tokens": 300, "piece_bytes": 400, "use_ray": False}
+
+    def stop(p: prep.Progress) -> None:
+        if p.shards_done == 1:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        prep.prepare(source, fs, "bkt/runs/corpora/c", bpe, on_progress=stop, **kw)
+    first = s3_server.list("bkt/runs/corpora/c")
+    assert "bkt/runs/corpora/c/train-000000.bin" in first and "bkt/runs/corpora/c/plan.json" in first
+    assert "bkt/runs/corpora/c/manifest.json" not in first
+    resumed = prep.prepare(source, fs, "bkt/runs/corpora/c", bpe, **kw)
+    assert resumed.skipped == 1 and not resumed.already
+    m = sh.read_manifest(fs, "bkt/runs/corpora/c")
+    sh.check_files(fs, "bkt/runs/corpora/c", m)
+    ids = []
+    for s in m.split(sh.TRAIN):
+        with fs.open_input_file(f"bkt/runs/corpora/c/{s.file}") as f:
+            ids += np.frombuffer(f.read()[sh.HEADER_BYTES:], dtype="<u2").tolist()
+    assert ids == _expected(docs, bpe, 0.0)[sh.TRAIN]
+    assert prep.prepare(source, fs, "bkt/runs/corpora/c", bpe, **kw).already
+    assert not [k for k in s3_server.list("bkt/runs/corpora/c") if k.endswith(".partial")]
+    assert set(first) <= set(s3_server.list("bkt/runs/corpora/c"))
