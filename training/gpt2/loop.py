@@ -213,12 +213,13 @@ def train_func(loop_config: dict[str, Any]) -> None:
     # nothing before its position and a resized group continues the same sequence. Otherwise
     # the Ray Data pipeline's shard, whose resume replays the epoch up to its step.
     reader = _open_reader(loop_config.get("corpus"))
-    position = resume_position(state, mine.global_batch) if reader is not None else 0
+    position = resume_position(state, mine.global_batch)
+    data_seed = (state or {}).get("seed", cfg.seed)  # the order the checkpoint was trained in
     train_shard = ray.train.get_dataset_shard("train") if reader is None else None
 
     def epoch_batches(epoch: int, start: int = 0) -> Iterator[dict[str, Any]]:
         if reader is not None:
-            return reader.batches(reader.order(cfg.seed, epoch), start, mine.global_batch,
+            return reader.batches(reader.order(data_seed, epoch), start, mine.global_batch,
                                   mine.offset, mine.share, mine.micro)
         return mine.paced(iter(train_shard.iter_batches(  # unequal shares end together
             batch_size=micro_size, drop_last=mine.equal, batch_format="numpy",
@@ -295,7 +296,7 @@ def train_func(loop_config: dict[str, Any]) -> None:
                 "epoch": epoch, "step": step, "step_in_epoch": step_in_epoch,
                 "epoch_done": epoch_done, "config": cfg.to_dict(),
                 # the data's position: a resume computes every rank's next slice from it
-                "seed": cfg.seed, "sequences_in_epoch": consumed,
+                "seed": data_seed, "sequences_in_epoch": consumed,
                 "model_config": model_config.to_dict(), "steps_per_epoch": steps_per_epoch,
                 "steps_per_epoch_measured": measured, "accumulation": accum,
                 "precision": precision.name,
