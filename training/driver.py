@@ -122,6 +122,10 @@ def check_prepared(cfg: TrainConfig) -> Optional[Prepared]:
     uri = corpus_uri(cfg.data, cfg.dataset, cfg.storage_path)
     if uri is None:
         return None
+    if cfg.val_data is not None:
+        raise sh.CorpusError(f"--val-data {cfg.val_data}: a prepared corpus validates on its "
+                             f"own validation shard(s); leave --val-data out (or prepare the "
+                             f"validation text into the corpus)")
     tok_spec, _ = resolve_tokenizer(cfg.tokenizer, cfg.bpe_file)
     label = f"--data {cfg.data}" + (f" ({uri})" if uri != cfg.data else "")
     _, _, manifest = open_manifest(uri, check=True, label=label,

@@ -111,6 +111,13 @@ def test_a_corpus_path_the_storage_policy_refuses(capsys, storage, data, says):
     assert code == 2 and len(err) == 1 and says in err[0], err
 
 
+def test_a_prepared_corpus_validates_on_its_own_shards(capsys, storage):
+    make_corpus(pafs.LocalFileSystem(), str(storage / "corpora" / "c"), [BLOCK * 40],
+                block=BLOCK)
+    code, err = _main(capsys, storage, "--data", "c", "--val-data", "/x/val.txt")
+    assert code == 2 and len(err) == 1 and "validation shard" in err[0], err
+
+
 @pytest.mark.slow
 def test_a_preempted_run_on_a_prepared_corpus_resumes_at_its_position(storage):
     """Real Ray, 2 workers, a prepared corpus: SIGTERM to a worker mid-epoch checkpoints at a
