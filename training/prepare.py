@@ -137,6 +137,10 @@ def _finished(corpus: str, manifest: Any, already: bool) -> dict[str, Any]:
 
 
 def _terminate(signum: int, frame: Any) -> None:
+    import logging
+
+    # raised inside Ray Data's iterator, which would log it as an internal error of its own
+    logging.getLogger("ray.data.exceptions").setLevel(logging.CRITICAL)
     raise Terminated()
 
 
@@ -154,11 +158,15 @@ def _start_ray() -> int:
 
     import ray
 
+    from training.driver import quiet_logs
+
+    quiet_logs()
     if not ray.is_initialized():
         ray.init(logging_level=logging.WARNING, log_to_driver=False,
                  **({} if os.environ.get("RAY_ADDRESS") else {"include_dashboard": False}))
     import ray.data
 
+    quiet_logs()  # again: Ray Data sets its loggers up when it is first imported
     ray.data.DataContext.get_current().enable_progress_bars = False
     return int(ray.cluster_resources().get("CPU", 0)) or 1
 
