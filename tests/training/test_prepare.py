@@ -227,6 +227,17 @@ def test_a_hub_layout_without_a_card_gives_its_validation_split_its_own_shards(t
     assert m.source["fingerprint"] == source.fingerprint()
 
 
+def test_a_card_s_data_dir_config_splits_its_files_by_name(tmp_path):
+    repo = tmp_path / "repo"
+    card = "---\nconfigs:\n- config_name: en\n  data_dir: en\n- config_name: de\n  data_dir: de\n---\n"
+    _hub_repo(repo, card, {"en/train-0.parquet": ["a"], "en/validation-0.parquet": ["b"],
+                           "de/train-0.parquet": ["c"]})
+    source = prep.hub_source("someone/multi", "en", "text", fs=fsspec.filesystem("file"),
+                             root=str(repo))
+    assert [(f.rel, f.split) for f in source.files] == [("en/train-0.parquet", sh.TRAIN),
+                                                        ("en/validation-0.parquet", sh.VAL)]
+
+
 def test_a_missing_source_or_column_is_one_line(tmp_path, bpe):
     with pytest.raises(UsageError, match="not found"):
         prep.files_source(str(tmp_path / "nothing"), "auto", "text")

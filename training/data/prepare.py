@@ -51,6 +51,8 @@ PLAN = "plan.json"
 PIECE_BYTES = 16 * 2**20
 #: Hub split names read as validation (`test` is never trained on, nor validated on).
 VAL_SPLITS = ("validation", "valid", "val", "dev")
+#: A card's `data_dir` names no split: each file's comes from its name (`split_of`).
+ANY_SPLIT = "*"
 PLAN_VERSION = 1
 
 
@@ -143,8 +145,9 @@ def config_patterns(configs: Sequence[Mapping[str, Any]], config: Optional[str],
         raise UsageError(f"--dataset {dataset}: no config {config!r} in its card; its configs: "
                          f"{', '.join(sorted(by_name))} (pass one with --dataset-config)")
     files = by_name[wanted].get("data_files")
-    if files is None:
-        return None
+    if files is None:  # `data_dir: DIR`: its Parquet files, each split told by its name
+        data_dir = by_name[wanted].get("data_dir")
+        return {ANY_SPLIT: [f"{str(data_dir).strip('/')}/**/*.parquet"]} if data_dir else None
     if isinstance(files, (str, list)) and not (isinstance(files, list) and files
                                                 and isinstance(files[0], dict)):
         return {"train": [files] if isinstance(files, str) else [str(f) for f in files]}
@@ -166,9 +169,9 @@ def hub_files(fs: Any, root: str, config: Optional[str], dataset: str) -> list[F
     if patterns is not None:
         for split, globs in patterns.items():
             side = sh.TRAIN if split == "train" else sh.VAL if split in VAL_SPLITS else None
-            for pattern in globs if side else ():
+            for pattern in globs if side or split == ANY_SPLIT else ():
                 for path, info in fs.glob(f"{root}/{pattern.lstrip('/')}", detail=True).items():
-                    found[path] = {**info, "split": side}
+                    found[path] = {**info, "split": side or split_of(path[len(root):])}
     else:
         base = f"{root}/{config}" if config and fs.isdir(f"{root}/{config}") else (
             f"{root}/data" if fs.isdir(f"{root}/data") else root)
