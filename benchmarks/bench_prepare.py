@@ -81,7 +81,7 @@ def main() -> None:
             import ray
 
             cpus = os.cpu_count() or 1
-            ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False)
+            ray.init(address="local", num_cpus=cpus, include_dashboard=False, log_to_driver=False)
             big = corpus_file(scratch, args.mb)
             seconds, tokens, cpus = run(big, scratch / "ray", use_ray=True)
             rows.append(("Ray Data, all CPUs", f"{args.mb} MB", cpus, tokens, seconds))

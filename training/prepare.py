@@ -162,8 +162,12 @@ def _start_ray() -> int:
 
     quiet_logs()
     if not ray.is_initialized():
-        ray.init(logging_level=logging.WARNING, log_to_driver=False,
-                 **({} if os.environ.get("RAY_ADDRESS") else {"include_dashboard": False}))
+        env = {"env_vars": {"RAY_DATA_LOG_LEVEL": "WARNING"}}
+        if os.environ.get("RAY_ADDRESS"):  # a pod: the RayJob's cluster
+            ray.init(logging_level=logging.WARNING, runtime_env=env)
+        else:  # an embedded Ray, never one someone else started on this machine
+            ray.init(address="local", include_dashboard=False, log_to_driver=False,
+                     logging_level=logging.ERROR, runtime_env=env)
     import ray.data
 
     quiet_logs()  # again: Ray Data sets its loggers up when it is first imported

@@ -122,10 +122,12 @@ def test_a_second_prepare_writes_nothing(tmp_path, bpe):
     assert _files(tmp_path / "c") == before  # same files, same bytes, same mtimes
 
 
-def test_an_interrupted_prepare_continues_shard_by_shard_to_the_same_bytes(tmp_path, bpe):
+@pytest.mark.parametrize("by_shard", [False, True], ids=["task-per-piece", "task-per-shard"])
+def test_an_interrupted_prepare_continues_shard_by_shard_to_the_same_bytes(tmp_path, bpe, by_shard):
+    """Also: a task per shard and a task per piece write the same bytes."""
     _parquet(tmp_path / "src.parquet", _docs(80, seed=1))
     source = prep.files_source(str(tmp_path / "src.parquet"), "auto", "text")
-    whole = _prepare(source, tmp_path / "whole", bpe)
+    whole = _prepare(source, tmp_path / "whole", bpe, by_shard=not by_shard)
     assert len(whole.manifest.split(sh.TRAIN)) >= 5
 
     class Abort(Exception):
@@ -136,12 +138,12 @@ def test_an_interrupted_prepare_continues_shard_by_shard_to_the_same_bytes(tmp_p
             raise Abort()
 
     with pytest.raises(Abort):
-        _prepare(source, tmp_path / "cut", bpe, on_progress=stop_after_two)
+        _prepare(source, tmp_path / "cut", bpe, on_progress=stop_after_two, by_shard=by_shard)
     cut = _files(tmp_path / "cut")
     assert sh.MANIFEST not in cut and prep.PLAN in cut
     assert {"train-000000.bin", "train-000001.bin"} <= set(cut) and "train-000002.bin" not in cut
     seen: list[prep.Progress] = []
-    resumed = _prepare(source, tmp_path / "cut", bpe, on_progress=seen.append)
+    resumed = _prepare(source, tmp_path / "cut", bpe, on_progress=seen.append, by_shard=by_shard)
     after = _files(tmp_path / "cut")
     assert resumed.skipped == 2 and seen[0].shards_done == 3
     assert all(after[f] == cut[f] for f in cut if f.endswith(".bin"))  # untouched: same mtime

@@ -428,21 +428,100 @@ def tokenized(pieces: Sequence[tuple[int, Mapping[str, Any]]], work: Mapping[str
         for index, piece in pieces:
             yield {"piece": index, **tokenize_piece(piece, **work)}
         return
-    if not pieces:
+    np_dtype = f"<u{sh.itemsize(work['dtype'])}"
+    items = [{"piece": index, "spec": json.dumps(piece)} for index, piece in pieces]
+    for row in _on_ray(items, _tokenize_batch, work):
+        yield {"piece": int(row["piece"]), "documents": int(row["documents"]),
+               "train": np.frombuffer(row["train"], dtype=np_dtype),
+               "val": np.frombuffer(row["val"], dtype=np_dtype)}
+
+
+def _on_ray(items: list[dict[str, Any]], fn: Callable[..., Any], work: Mapping[str, Any]) -> Iterator[Any]:
+    """`fn` over `items` on Ray Data, one task an item, results in the items' order."""
+    if not items:
         return
     import ray.data
 
     context = ray.data.DataContext.get_current()
     context.execution_options.preserve_order = True
     context.enable_progress_bars = False
-    items = [{"piece": index, "spec": json.dumps(piece)} for index, piece in pieces]
     ds = ray.data.from_items(items, override_num_blocks=len(items)).map_batches(
-        _tokenize_batch, batch_size=1, batch_format="numpy", fn_kwargs=dict(work))
-    np_dtype = f"<u{sh.itemsize(work['dtype'])}"
-    for row in ds.iter_rows():
-        yield {"piece": int(row["piece"]), "documents": int(row["documents"]),
-               "train": np.frombuffer(row["train"], dtype=np_dtype),
-               "val": np.frombuffer(row["val"], dtype=np_dtype)}
+        fn, batch_size=1, batch_format="numpy", fn_kwargs=dict(work))
+    yield from ds.iter_rows()
+
+
+def write_shard_files(out_fs: Any, root: str, shard: Mapping[str, Any],
+                      parts: Mapping[str, Sequence[np.ndarray]], dtype: str) -> tuple[list[str], int]:
+    """One shard's files from its pieces' tokens, in order: the held-out validation part first
+    (none when empty), the done file last. Returns (files written, tokens)."""
+    written, tokens = [], 0
+    for side in ("val", "train"):
+        target = shard[side]
+        ids = np.concatenate(parts[side]) if parts[side] else np.zeros(0, dtype=np.uint16)
+        if target and (len(ids) or target == done_file(shard)):
+            sh.write_shard(out_fs, f"{root}/{target}", ids, dtype)
+            written.append(target)
+            tokens += len(ids)
+    return written, tokens
+
+
+def make_shard(shard: Mapping[str, Any], pieces: Sequence[Mapping[str, Any]], *, out_fs: Any,
+               root: str, **work: Any) -> dict[str, Any]:
+    """One shard tokenized and written by one task (where it runs: a worker writes to the
+    volume or the bucket itself, the driver sees counts only)."""
+    parts: dict[str, list[np.ndarray]] = {"train": [], "val": []}
+    documents = 0
+    for piece in pieces:
+        result = tokenize_piece(piece, **work)
+        parts["train"].append(result["train"])
+        parts["val"].append(result["val"])
+        documents += result["documents"]
+    written, tokens = write_shard_files(out_fs, root, shard, parts, work["dtype"])
+    return {"shard": done_file(shard), "written": written, "tokens": tokens, "documents": documents}
+
+
+def _make_shard_batch(batch: dict[str, np.ndarray], **work: Any) -> dict[str, np.ndarray]:
+    """Ray Data's map_batches function: {"spec"} -> what make_shard wrote."""
+    done = [make_shard(**{**json.loads(str(spec)), **work}) for spec in batch["spec"]]
+    return {"shard": np.array([d["shard"] for d in done], dtype=object),
+            "written": np.array([json.dumps(d["written"]) for d in done], dtype=object),
+            "tokens": np.array([d["tokens"] for d in done], dtype=np.int64),
+            "documents": np.array([d["documents"] for d in done], dtype=np.int64)}
+
+
+def shards_by_task(pending: Sequence[Mapping[str, Any]], pieces: Sequence[Mapping[str, Any]],
+                   work: Mapping[str, Any], out_fs: Any, root: str,
+                   use_ray: bool) -> Iterator[dict[str, Any]]:
+    """Each pending shard made by a task of its own (make_shard), in the shards' order."""
+    jobs = [{"shard": s, "pieces": [pieces[i] for i in s["pieces"]]} for s in pending]
+    if not use_ray:
+        for job in jobs:
+            yield make_shard(**job, out_fs=out_fs, root=root, **work)
+        return
+    items = [{"spec": json.dumps(job)} for job in jobs]
+    for row in _on_ray(items, _make_shard_batch, {**work, "out_fs": out_fs, "root": root}):
+        yield {"shard": str(row["shard"]), "written": json.loads(row["written"]),
+               "tokens": int(row["tokens"]), "documents": int(row["documents"])}
+
+
+def shards_streamed(pending: Sequence[Mapping[str, Any]], pieces: Sequence[Mapping[str, Any]],
+                    work: Mapping[str, Any], out_fs: Any, root: str,
+                    use_ray: bool) -> Iterator[dict[str, Any]]:
+    """Each pending shard from tasks of one piece each (every CPU busy even for one shard);
+    the pieces' tokens stream to this process, which writes each shard once its pieces are in."""
+    owner = {i: s for s in pending for i in s["pieces"]}
+    parts: dict[str, list[np.ndarray]] = {"train": [], "val": []}
+    documents = 0
+    for result in tokenized([(i, pieces[i]) for s in pending for i in s["pieces"]], work, use_ray):
+        shard = owner[result["piece"]]
+        parts["train"].append(result["train"])
+        parts["val"].append(result["val"])
+        documents += result["documents"]
+        if result["piece"] == shard["pieces"][-1]:
+            written, tokens = write_shard_files(out_fs, root, shard, parts, work["dtype"])
+            yield {"shard": done_file(shard), "written": written, "tokens": tokens,
+                   "documents": documents}
+            parts, documents = {"train": [], "val": []}, 0
 
 
 # --- prepare ----------------------------------------------------------------------------------
@@ -523,9 +602,15 @@ def existing(fs: Any, root: str, name: str, key: Mapping[str, Any]) -> Optional[
 def prepare(source: Source, out_fs: Any, root: str, tokenizer: TokenizerSpec, *, name: str,
             val_percent: float, shard_tokens: int = sh.SHARD_TOKENS,
             piece_bytes: int = PIECE_BYTES, use_ray: bool = True,
+            by_shard: Optional[bool] = None,
             on_progress: Callable[[Progress], None] = lambda p: None,
             clock: Callable[[], float] = time.monotonic) -> Outcome:
-    """Prepare `source` into the corpus directory `root` of `out_fs` (a pyarrow filesystem)."""
+    """Prepare `source` into the corpus directory `root` of `out_fs` (a pyarrow filesystem).
+
+    `by_shard`: a task per shard that writes it where it runs (the default when there are at
+    least as many shards to write as the cluster has CPUs: the tokens never pass through this
+    process), else a task per piece with this process writing the shards (every CPU busy on a
+    small corpus). Either writes the same bytes."""
     start = clock()
     root = root.rstrip("/")
     identity = sh.tokenizer_identity(get_encoding(tokenizer))
@@ -547,39 +632,28 @@ def prepare(source: Source, out_fs: Any, root: str, tokenizer: TokenizerSpec, *,
     shards, pieces = plan["shards"], plan["pieces"]
     present = _present(out_fs, root, [f for s in shards for f in (s["train"], s["val"]) if f])
     pending = [s for s in shards if done_file(s) not in present]
-    owner = {i: s for s in pending for i in s["pieces"]}
     work = {"fs": source.fs, "fmt": source.fmt, "text_column": source.text_column,
             "tokenizer": tokenizer, "dtype": dtype, "val_percent": val_percent,
             "hold_out": hold_out}
+    if by_shard is None:
+        by_shard = use_ray and len(pending) >= _cpus(use_ray)
+    make = shards_by_task if by_shard else shards_streamed
     written: list[str] = []
-    buffers: dict[str, list[np.ndarray]] = {"train": [], "val": []}
     tokens = documents = 0
     shards_done = len(shards) - len(pending)
     began = clock()
-    for result in tokenized([(i, pieces[i]) for s in pending for i in s["pieces"]], work, use_ray):
-        shard = owner[result["piece"]]
-        buffers["train"].append(result["train"])
-        buffers["val"].append(result["val"])
-        documents += result["documents"]
-        if result["piece"] != shard["pieces"][-1]:
-            continue
-        # the shard's pieces are all in: validation first, the done file last
-        for side in ("val", "train"):
-            ids = np.concatenate(buffers[side]) if buffers[side] else np.zeros(0, dtype=np.uint16)
-            buffers[side] = []
-            target = shard[side]
-            if target and (len(ids) or target == done_file(shard)):
-                sh.write_shard(out_fs, f"{root}/{target}", ids, dtype)
-                written.append(target)
-                tokens += len(ids)
+    for made in make(pending, pieces, work, out_fs, root, use_ray):
+        written += made["written"]
+        tokens += made["tokens"]
+        documents += made["documents"]
         shards_done += 1
         on_progress(Progress(shards_done, len(shards), tokens, documents, clock() - began,
-                             done_file(shard)))
+                             made["shard"]))
     seconds = clock() - start
     facts = {"seconds": round(seconds, 3), "documents": documents, "tokens": tokens,
              "tokens_per_sec": round(tokens / max(clock() - began, 1e-9), 1),
              "shards_written": len(pending), "shards_skipped": len(shards) - len(pending),
-             "cpus": _cpus(use_ray)}
+             "cpus": _cpus(use_ray), "task_per": "shard" if by_shard else "piece"}
     manifest = sh.Manifest(name=name, source=dict(key["source"]), tokenizer=identity,
                            dtype=dtype, shards=_listed(out_fs, root, shards),
                            shard_tokens=shard_tokens,
