@@ -9,9 +9,11 @@ What it does, in order:
    or JSONL, packed to ~PIECE_BYTES), and the pieces into shards of ~shard_tokens tokens (by an
    estimate of tokens per byte). That plan is written first (`plan.json`), before any shard:
    it names the fingerprint, the tokenizer, the settings and which pieces make which shard.
-3. The pieces of the shards not written yet are tokenized on Ray Data across the cluster's
-   CPUs (`map_batches`, one piece a task, order preserved), and the driver writes each shard
-   whole as soon as its pieces are in (`shards.write_shard`), then the manifest, last.
+3. The shards not written yet are made on Ray Data across the cluster's CPUs (`map_batches`,
+   order preserved): with at least as many shards as CPUs, a task per shard tokenizes its
+   pieces and writes the shard where it runs (`make_shard`: the tokens never pass through the
+   driver); with fewer, a task per piece, and the driver writes each shard whole once its
+   pieces are in (`shards_streamed`). The manifest is written last.
 
 Documents and tokens: a Parquet/JSONL row is a document; in text, a document begins at each
 file (or piece of a big file) and at each WikiText article title (` = Title = `), and its lines
