@@ -18,7 +18,7 @@ import click
 
 from submitter import __version__
 from submitter.cli_help import GroupedCommand
-from submitter.cli_options import (NAMESPACE_HELP, cluster_options, context_namespace_options,
+from submitter.cli_options import (NAMESPACE_HELP, apply_options, cluster_options, context_namespace_options,
                                    add_params, default_namespace, given_settings, job_option,
                                    request_timeout, shown_default, spec_namespace)
 from submitter.contract.errors import SubmitterError, UsageError
@@ -320,12 +320,7 @@ def render_plan_checked(spec: JobSpec) -> None:
                    "what flags and -f leave unset is then a small CPU job: "
                    f"{local_default_flags()}, --storage-path ./runs (the run's first line "
                    "says which of these it took)")
-@click.option("--dry-run", type=click.Choice(["none", "client", "server"]), default="none",
-              help="client: print the objects, change nothing; server: let the API server "
-                   "validate them without persisting")
-@click.option("--watch", "watch_after", is_flag=True, help="watch the job after submitting")
-@click.option("-o", "--output", type=click.Choice(["text", "yaml", "json"]), default="text",
-              help="output format")
+@apply_options
 @click.argument("script_argv", nargs=-1, metavar="[-- SCRIPT_ARGS...]")
 def submit(local: bool, dry_run: str, watch_after: bool, output: str, kube_context: str | None,
            kubeconfig: str | None, script_argv: tuple[str, ...], **options: Any) -> None:

@@ -14,7 +14,7 @@ from typing import Any, Callable
 import click
 
 from submitter.cli_help import GroupedCommand
-from submitter.cli_options import (add_params, cluster_options, given_settings, job_option,
+from submitter.cli_options import (add_params, apply_options, cluster_options, given_settings, job_option,
                                    request_timeout, shown_default)
 from submitter.contract.data_path import PREPARED, data_path
 from submitter.contract.errors import UsageError
@@ -86,12 +86,7 @@ def data() -> None:
 @click.option("--local", is_flag=True,
               help="run the prepare program (python -m training.prepare) here, on an embedded "
                    "Ray with this machine's CPUs (needs submitter-gpt2[train])")
-@click.option("--dry-run", type=click.Choice(["none", "client", "server"]), default="none",
-              help="client: print the objects (GitOps), change nothing; server: let the API "
-                   "server validate them without persisting")
-@click.option("--watch", "watch_after", is_flag=True, help="watch the job after submitting")
-@click.option("-o", "--output", type=click.Choice(["text", "yaml", "json"]), default="text",
-              help="output format")
+@apply_options
 def prepare(local: bool, dry_run: str, watch_after: bool, output: str, kube_context: str | None,
             kubeconfig: str | None, **options: Any) -> None:
     """Tokenize a source once into token shards (llm.c's format) plus a manifest, under the

@@ -23,6 +23,19 @@ def cluster_options(func: Callable[..., Any]) -> Callable[..., Any]:
     return kubeconfig_options(func)
 
 
+def apply_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    """What a command that applies a job takes (`submit`, `data prepare`): `--dry-run`,
+    `--watch` and `-o`."""
+    func = click.option("-o", "--output", type=click.Choice(["text", "yaml", "json"]),
+                        default="text", help="output format")(func)
+    func = click.option("--watch", "watch_after", is_flag=True,
+                        help="watch the job after submitting")(func)
+    return click.option("--dry-run", type=click.Choice(["none", "client", "server"]),
+                        default="none",
+                        help="client: print the objects (GitOps), change nothing; server: let "
+                             "the API server validate them without persisting")(func)
+
+
 def kubeconfig_options(func: Callable[..., Any]) -> Callable[..., Any]:
     """`--context` and `--kubeconfig`: which cluster (and, without -n, which namespace)."""
     func = click.option("--kubeconfig", type=click.Path(dir_okay=False),
