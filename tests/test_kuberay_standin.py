@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import sys
 import subprocess
 import threading
 import time
@@ -130,7 +131,8 @@ def check_the_tokens(cluster) -> None:
     attempt = cluster.standin.attempts[-1]
     dashboard = f"http://127.0.0.1:{attempt.ports['dashboard']}"
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
-    refused = subprocess.run(["ray", "job", "list", "--address", dashboard], env=env,
+    ray_cli = os.path.join(os.path.dirname(sys.executable), "ray")  # the venv's, activated or not
+    refused = subprocess.run([ray_cli, "job", "list", "--address", dashboard], env=env,
                              capture_output=True, text=True, timeout=120)
     assert refused.returncode != 0, refused.stdout
     assert "401" in refused.stdout + refused.stderr or "auth" in (refused.stdout + refused.stderr).lower()
