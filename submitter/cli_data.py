@@ -21,7 +21,8 @@ from submitter.contract.errors import UsageError
 from submitter.contract.spec import JobSpec, defaults
 
 #: The job settings `data prepare` takes: the job's identity, its pods (CPU workers), their
-#: scheduling, the storage, the data flags `submit` has, and the RayJob's lifecycle.
+#: scheduling, the storage, the data flags `submit` has, the RayJob's lifecycle, and Ray's
+#: token auth (`--ray-auth disabled` for a KubeRay older than 1.5.1, whose CRD lacks it).
 PREPARE_SETTINGS = (
     "name", "namespace", "image", "image_pull_policy", "env", "secret_env", "env_from_secret",
     "label", "annotation",
@@ -32,7 +33,7 @@ PREPARE_SETTINGS = (
     "existing_pvc", "allow_ephemeral_storage",
     "dataset", "dataset_config", "data", "data_format", "text_column", "tokenizer", "bpe_file",
     "val_percent",
-    "ttl_seconds_after_finished", "backoff_limit", "active_deadline_seconds")
+    "ttl_seconds_after_finished", "backoff_limit", "active_deadline_seconds", "ray_auth")
 
 
 def prepare_options(func: Callable[..., Any]) -> Callable[..., Any]:

@@ -18,7 +18,7 @@ from pathlib import Path
 from tests.support.kubelet.api import Api, ApiError
 from tests.support.kubelet.dns import DnsServer, service_records
 from tests.support.kubelet.env import quantity
-from tests.support.kubelet.pod import NodeContext, PodWorker, now
+from tests.support.kubelet.pod import NodeContext, PodWorker, now, remove_created_mountpoints
 
 log = logging.getLogger("kubelet")
 PROVISIONER = "submitter.test/local-dir"
@@ -210,6 +210,7 @@ class Kubelet:
             worker.request_delete(float(worker.pod["spec"].get("terminationGracePeriodSeconds", 30)))
         for worker in list(self.workers.values()):
             worker.finished.wait(120)
+        remove_created_mountpoints(self.node.root)
 
     # --- logs ----------------------------------------------------------------------------
     def serve_logs(self) -> http.server.ThreadingHTTPServer:

@@ -190,7 +190,7 @@ class Container(threading.Thread):
                                  pod.node.capacity)
         spec = {"hostname": pod.hostname, "mounts": self._mounts(), "env": self.env,
                 "cwd": self.spec.get("workingDir") or IMAGE_HOME, "argv": self._argv(),
-                "created": str(pod.root / "created-mountpoints")}
+                "created": str(pod.node.root / "created-mountpoints")}
         spec_path = pod.root / "containers" / self.name / "spec.json"
         spec_path.write_text(json.dumps(spec))
         argv = ["ip", "netns", "exec", pod.netns, "unshare", "--mount", "--uts", "--pid", "--fork",
@@ -596,23 +596,47 @@ class PodWorker(threading.Thread):
         for where in self.tmpfs:
             subprocess.run(["umount", "-l", where], capture_output=True)
         self.tmpfs.clear()
-        created = self.root / "created-mountpoints"
-        if created.exists():
-            for path in sorted(set(created.read_text().split()), key=len, reverse=True):
-                with contextlib.suppress(OSError):
-                    p = Path(path)
-                    if p.is_file() and p.stat().st_size == 0:
-                        p.unlink()
-                    elif p.is_dir():
-                        _remove_empty_tree(p)
-            created.unlink()
-
     def _final_delete(self) -> None:
         with contextlib.suppress(ApiError):
             self.node.api.delete(f"/api/v1/namespaces/{self.namespace}/pods/{self.name}", {
                 "apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": 0,
                 "preconditions": {"uid": self.uid}})
         shutil.rmtree(self.root, ignore_errors=True)
+
+
+def remove_created_mountpoints(node_root: Path) -> None:
+    """The mountpoints the containers made on this machine's disk (a mountPath like
+    /mnt/checkpoints), removed once no process anywhere still mounts something there.
+
+    Not per pod: removing a directory that is a mountpoint in another mount namespace detaches
+    that mount there (Linux >= 3.18), so one pod's teardown would take every other pod's volume
+    at the same path away (seen: a finished job's teardown emptied a running job's checkpoint
+    mount and its service-account token)."""
+    created = node_root / "created-mountpoints"
+    if not created.exists():
+        return
+    mounted = _mountpoints_anywhere()
+    keep = []
+    for path in sorted(set(created.read_text().split()), key=len, reverse=True):
+        p = Path(path)
+        if any(m == path or m.startswith(path.rstrip("/") + "/") for m in mounted):
+            keep.append(path)
+            continue
+        with contextlib.suppress(OSError):
+            if p.is_file() and p.stat().st_size == 0:
+                p.unlink()
+            elif p.is_dir():
+                _remove_empty_tree(p)
+    created.write_text("".join(f"{k}\n" for k in keep))
+
+
+def _mountpoints_anywhere() -> set[str]:
+    """Every mountpoint of every mount namespace on this machine (from /proc/*/mountinfo)."""
+    out: set[str] = set()
+    for info in Path("/proc").glob("[0-9]*/mountinfo"):
+        with contextlib.suppress(OSError):
+            out.update(line.split()[4] for line in info.read_text().splitlines())
+    return out
 
 
 def _remove_empty_tree(path: Path) -> None:
