@@ -215,7 +215,9 @@ def test_resume_whose_delete_waits_on_a_finalizer_can_be_run_again(api, kube, ku
     with pytest.raises(ClusterError, match="not deleted within 0.5s.*deleted and not recreated.*again"):
         resume_job(kube, "default", "gpt2-demo", out=open("/dev/null", "w"), wait_seconds=0.5)
     waiting = cli(runner, kubeconfig, "resume", "gpt2-demo")
-    assert waiting.exit_code == 8 and "still being deleted (finalizers: ray.io/rayjob-finalizer)" in one_line(waiting)
+    # a Foreground delete adds the GC's `foregroundDeletion` finalizer (as a real API server does)
+    assert waiting.exit_code == 8 and \
+        "still being deleted (finalizers: ray.io/rayjob-finalizer, foregroundDeletion)" in one_line(waiting)
     api.emulator.remove(RAYJOBS, "default", "gpt2-demo")  # the operator lets go
     again = cli(runner, kubeconfig, "resume", "gpt2-demo")
     assert again.exit_code == 0, again.output

@@ -16,8 +16,15 @@ object endpoints from it:
   events, a watch ERROR event, a hang (no answer for N seconds), a 200 with an HTML page (an
   auth proxy) or a truncated JSON body, each optionally only for dry-run or only for real
   requests; 403 for a verb on a resource; and a request log for counting;
-- `metadata.generateName` on create, `metadata.uid` in a merge patch as a precondition, and
-  finalizers: a delete of an object with finalizers only sets `deletionTimestamp`.
+- `metadata.generateName` on create, and finalizers: a delete of an object with finalizers only
+  sets `deletionTimestamp`;
+- where it once differed from a real kube-apiserver 1.34 (measured with
+  `python -m tests.support.api_parity`; the rules live in `kube_semantics`): set-based label and
+  checked field selectors, name validation (422), generation only on kinds that have one,
+  managedFields, CRD unknown fields (Strict: 400, apply: 500, else pruned) and defaults, YAML
+  apply bodies, status-only writes through `/status`, list items of built-in kinds without kind,
+  the server's 403/404/409 shapes (a `metadata.uid` in a merge patch is 422 immutable, not a
+  precondition), Foreground/Orphan/Namespace delete answers, bookmarks, subresource discovery.
 
 The server runs in a thread with its own event loop (`running_emulator`), because the client is
 blocking; tests and the fake operator mutate the store from their own thread through the
@@ -40,7 +47,10 @@ from typing import Any, Iterator
 import aiohttp.web
 import attrs
 import kmock
+import yaml
 from kmock._internal import parsing
+
+from tests.support import kube_semantics as sem
 
 # --- kmock fix: `/api/v1/namespaces[/NAME]` is the Namespace kind, not a namespace prefix ----
 
@@ -59,6 +69,19 @@ parsing.parse_path = _parse_path
 
 RAYJOBS = "ray.io/v1/rayjobs"
 RAYCLUSTERS = "ray.io/v1/rayclusters"
+CRD_VERBS = {"get", "list", "watch", "create", "patch", "update", "delete", "deletecollection"}
+#: Discovery of subresources as a real server lists them: (kind, verbs); kmock copies the
+#: parent's kind and verbs onto every subresource.
+SUBRESOURCES: dict[str, tuple[str | None, list[str]]] = {
+    "status": (None, ["get", "patch", "update"]), "log": (None, ["get"]),
+    "finalize": (None, ["update"]), "ephemeralcontainers": (None, ["get", "patch", "update"]),
+    "resize": (None, ["get", "patch", "update"]), "scale": ("Scale", ["get", "patch", "update"]),
+    "attach": ("PodAttachOptions", ["create", "get"]), "exec": ("PodExecOptions", ["create", "get"]),
+    "portforward": ("PodPortForwardOptions", ["create", "get"]),
+    "proxy": ("PodProxyOptions", ["create", "delete", "get", "patch", "update"]),
+    "binding": ("Binding", ["create"]), "eviction": ("Eviction", ["create"]),
+    "token": ("TokenRequest", ["create"]),
+}
 
 
 @dataclass
@@ -149,11 +172,11 @@ class ApiEmulator(kmock.KubernetesEmulator):
     def install_rayjob_crd(self) -> None:
         self.resources[RAYJOBS] = kmock.ResourceInfo(
             kind="RayJob", singular="rayjob", namespaced=True, subresources={"status"},
-            verbs={"get", "list", "watch", "create", "patch", "update", "delete"})
+            verbs=CRD_VERBS)
         # KubeRay installs its CRDs together: the RayCluster a RayJob runs on comes with it.
         self.resources[RAYCLUSTERS] = kmock.ResourceInfo(
             kind="RayCluster", singular="raycluster", namespaced=True, subresources={"status"},
-            verbs={"get", "list", "watch", "create", "patch", "update", "delete"})
+            verbs=CRD_VERBS)
 
     def uninstall_rayjob_crd(self) -> None:
         del self.resources[RAYJOBS]
@@ -232,9 +255,16 @@ class ApiEmulator(kmock.KubernetesEmulator):
         meta = obj.setdefault("metadata", {})
         meta.setdefault("uid", str(uuid.uuid4()))
         meta.setdefault("creationTimestamp", _now())
-        meta["generation"] = 1
+        if sem.has_generation(route.group, route.plural):
+            meta["generation"] = 1
+        else:
+            meta.pop("generation", None)
         if route.namespace is not None:
             meta["namespace"] = route.namespace
+        if route.gvr == "v1/namespaces":  # what the Namespace strategy fills in
+            meta.setdefault("labels", {})["kubernetes.io/metadata.name"] = meta["name"]
+            obj.setdefault("spec", {}).setdefault("finalizers", ["kubernetes"])
+            obj.setdefault("status", {}).setdefault("phase", "Active")
         info = self._info(route)
         obj.setdefault("apiVersion", route.api_version)
         if info is not None and info.kind:
@@ -244,7 +274,7 @@ class ApiEmulator(kmock.KubernetesEmulator):
     def _commit(self, etype: str, gvr: str, key: tuple, obj: dict) -> dict:
         with self._tlock:
             old = self.store.get(key)
-            if old is not None and old.get("spec") != obj.get("spec"):
+            if old is not None and "generation" in old["metadata"] and old.get("spec") != obj.get("spec"):
                 obj["metadata"]["generation"] = old["metadata"].get("generation", 1) + 1
             self.rv += 1
             obj["metadata"]["resourceVersion"] = str(self.rv)
@@ -265,6 +295,12 @@ class ApiEmulator(kmock.KubernetesEmulator):
     async def _serve_version(self, request: Any) -> Any:  # kmock says "/v1" for the core group
         payload = await super()._serve_version(request)
         payload["groupVersion"] = payload["groupVersion"].lstrip("/")
+        for resource in payload.get("resources", []):
+            _, _, sub = resource.get("name", "").partition("/")
+            if sub in SUBRESOURCES:
+                kind, verbs = SUBRESOURCES[sub]
+                resource["verbs"] = list(verbs)
+                resource["kind"] = kind or resource.get("kind")
         return payload
 
     async def _handle(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
@@ -299,28 +335,38 @@ class ApiEmulator(kmock.KubernetesEmulator):
         if route is None:
             return await super()._handle(request)  # discovery
         info = self._info(route)
-        if info is None:
+        if info is None:  # a resource the server does not serve: a plain-text page, not a Status
+            return aiohttp.web.Response(status=404, text="404 page not found\n", content_type="text/plain")
+        if route.subresource not in (None, "log") and route.subresource not in (info.subresources or ()):
             return _status(404, "NotFound", "the server could not find the requested resource")
         verb = _verb(raw.method, route, params)
         if (verb, route.plural) in self.denied:
-            return _status(403, "Forbidden", f'{route.plural} is forbidden: User "test" cannot {verb} '
-                           f'resource "{route.plural}" in API group "{route.group}"')
+            return _forbidden(route, verb, "test")
         if route.subresource == "log":
             return await self._serve_log(raw, route, params)
+        try:
+            selectors = _selectors(route, params)
+        except sem.SelectorError as e:
+            return _status(400, "BadRequest", str(e))
         if verb == "watch":
-            return await self._watch(raw, route, params)
+            return await self._watch(raw, route, params, selectors)
+        body = request.data
+        if body is None and request.text and "yaml" in raw.content_type:
+            try:  # an apply body in YAML (kubectl and most clients send JSON, which is YAML too)
+                body = yaml.safe_load(request.text)
+            except yaml.YAMLError as e:
+                return _status(400, "BadRequest", f"error decoding YAML: {str(e).splitlines()[0]}")
+        manager = params.get("fieldManager") or raw.headers.get("User-Agent", "unknown").split("/")[0]
         with self._tlock:
-            return self._serve_object(raw.method, route, params, request.data, raw.content_type, info)
+            return self._serve_object(raw.method, route, params, body, raw.content_type, info,
+                                      selectors=selectors, manager=manager)
 
     def _serve_object(self, method: str, route: Route, params: dict, body: Any, ctype: str,
-                      info: Any) -> aiohttp.web.Response:
+                      info: Any, *, selectors: tuple[list, list] = ([], []),
+                      manager: str = "unknown") -> aiohttp.web.Response:
         dry = params.get("dryRun") == "All"
         if method == "GET" and route.name is None:
-            items = [copy.deepcopy(o) for (gvr, ns, _), o in sorted(self.store.items())
-                     if gvr == route.gvr and route.namespace in (None, ns) and _selected(o, params)]
-            return aiohttp.web.json_response({
-                "apiVersion": route.api_version, "kind": f"{info.kind}List",
-                "metadata": {"resourceVersion": str(self.rv)}, "items": items})
+            return self._list(route, info, selectors)
         if method == "POST":
             meta = (body or {}).get("metadata", {})
             if not meta.get("name") and meta.get("generateName"):
@@ -333,64 +379,194 @@ class ApiEmulator(kmock.KubernetesEmulator):
             return _status(404, "NotFound", f'namespaces "{route.namespace}" not found',
                            {"name": route.namespace, "kind": "namespaces"})
         if method == "GET":
-            if existing is None:
-                return _not_found(route)
-            return aiohttp.web.json_response(existing)
+            return _not_found(route) if existing is None else aiohttp.web.json_response(existing)
         if method == "DELETE":
-            if existing is None:
-                return _not_found(route)
-            precondition = ((body or {}).get("preconditions") or {}).get("uid")
-            if precondition and precondition != existing["metadata"]["uid"]:
-                return _status(409, "Conflict", "Precondition failed: UID in precondition does not match")
-            if existing["metadata"].get("finalizers"):
-                if not dry and not existing["metadata"].get("deletionTimestamp"):
-                    marked = copy.deepcopy(existing)
-                    marked["metadata"]["deletionTimestamp"] = _now()
-                    self._commit("MODIFIED", route.gvr, key, marked)
-            elif not dry:
-                self.remove(route.gvr, route.namespace, route.name)
-            return aiohttp.web.json_response({"kind": "Status", "apiVersion": "v1", "status": "Success",
-                                              "details": {"name": route.name, "uid": existing["metadata"]["uid"]}})
+            return self._delete(route, key, existing, body or {}, dry)
         if method == "POST":
-            if existing is not None:
-                return _status(409, "AlreadyExists", f'{route.plural} "{route.name}" already exists',
-                               {"name": route.name, "kind": route.plural})
-            obj = self._new(body, route)
-            invalid = self._invalid(route, obj)
-            if invalid is not None:
-                return invalid
-            return aiohttp.web.json_response(obj if dry else self._commit("ADDED", route.gvr, key, obj),
-                                             status=201)
+            return self._create(route, key, existing, body, params, manager, dry)
         if method == "PATCH":
-            if "apply-patch" in ctype:
-                if existing is None:
-                    obj = self._new(body, route)
-                    invalid = self._invalid(route, obj)
-                    if invalid is not None:
-                        return invalid
-                    return aiohttp.web.json_response(
-                        obj if dry else self._commit("ADDED", route.gvr, key, obj), status=201)
-                merged = apply_merge(copy.deepcopy(existing), body)
-                invalid = self._invalid(route, merged)
-                if invalid is not None:
-                    return invalid
-            elif "merge-patch" in ctype:
-                if existing is None:
-                    return _not_found(route)
-                if route.subresource == "status":
-                    body = {"status": body.get("status")}
-                precondition = ((body or {}).get("metadata") or {}).get("uid")
-                if precondition and precondition != existing["metadata"]["uid"]:
-                    return _status(409, "Conflict", "Precondition failed: UID in precondition does not match")
-                merged = merge_patch(copy.deepcopy(existing), body)
-            else:
-                return _status(415, "UnsupportedMediaType", f"unsupported patch type {ctype}")
-            if merged == existing or dry:
-                return aiohttp.web.json_response(merged)
-            return aiohttp.web.json_response(self._commit("MODIFIED", route.gvr, key, merged))
+            return self._patch(route, key, existing, body, ctype, params, manager, dry)
         return _status(405, "MethodNotAllowed", f"{method} is not supported here")
 
+    def _list(self, route: Route, info: Any, selectors: tuple[list, list]) -> aiohttp.web.Response:
+        """A list; items of built-in kinds carry no kind/apiVersion (custom resources' do)."""
+        custom = sem.is_custom(route.group)
+        items = []
+        for (gvr, ns, _), obj in sorted(self.store.items()):
+            if gvr == route.gvr and route.namespace in (None, ns) and sem.selected(obj, *selectors):
+                item = copy.deepcopy(obj)
+                if not custom:
+                    item.pop("kind", None)
+                    item.pop("apiVersion", None)
+                items.append(item)
+        return aiohttp.web.json_response({
+            "apiVersion": route.api_version, "kind": f"{info.kind}List",
+            "metadata": {"resourceVersion": str(self.rv)}, "items": items})
+
+    def _create(self, route: Route, key: tuple, existing: dict | None, body: Any, params: dict,
+                manager: str, dry: bool) -> aiohttp.web.Response:
+        if existing is not None:
+            return _status(409, "AlreadyExists", f'{route.plural} "{route.name}" already exists',
+                           {"name": route.name, "kind": route.plural})
+        decoded = self._decode(route, body, params)
+        if isinstance(decoded, aiohttp.web.Response):
+            return decoded
+        obj = self._new(decoded, route)
+        invalid = self._invalid(route, obj)
+        if invalid is not None:
+            return invalid
+        self._manage(route, obj, manager, "Update")
+        return aiohttp.web.json_response(obj if dry else self._commit("ADDED", route.gvr, key, obj), status=201)
+
+    def _decode(self, route: Route, body: Any, params: dict, *, apply: bool = False) -> Any:
+        """A custom resource's unknown fields, as the server's structural schema treats them:
+        Strict refuses them (create: 400; apply: the 500 a real server answers), otherwise they
+        are pruned; the schema's defaults are filled in."""
+        schema = sem.crd_schema(route.plural, route.group, route.version) if sem.is_custom(route.group) else None
+        if schema is None or not isinstance(body, dict):
+            return body
+        unknown = sem.unknown_fields(body, schema)
+        if unknown and apply:
+            return _status(500, "", f"failed to create typed patch object ({route.namespace}/{route.name}; "
+                           f"{route.api_version}, Kind={self._info(route).kind}): .{unknown[0]}: field not "
+                           "declared in schema", reason_field=False)
+        if unknown and params.get("fieldValidation") == "Strict":
+            kind = self._info(route).kind
+            fields = ", ".join(f'unknown field "{f}"' for f in unknown)
+            return _status(400, "BadRequest", f'{kind} in version "{route.version}" cannot be handled as a '
+                           f"{kind}: strict decoding error: {fields}")
+        return sem.apply_defaults(sem.prune(copy.deepcopy(body), schema), schema)
+
+    def _defaulted(self, route: Route, obj: dict) -> dict:
+        """A custom resource as the server decodes it: the schema's defaults filled in (a status
+        written later gets its defaults too)."""
+        schema = sem.crd_schema(route.plural, route.group, route.version) if sem.is_custom(route.group) else None
+        return obj if schema is None else sem.apply_defaults(obj, schema)
+
+    def _manage(self, route: Route, obj: dict, manager: str, operation: str) -> None:
+        sem.record_manager(obj, sem.managed_entry(manager, operation, route.api_version, route.subresource))
+
+    def _delete(self, route: Route, key: tuple, existing: dict | None, options: dict,
+                dry: bool) -> aiohttp.web.Response:
+        """A delete answers Status when the object is gone at once, the object itself while it
+        is only marked (finalizers, or the Foreground/Orphan finalizer the GC then clears)."""
+        if existing is None:
+            return _not_found(route)
+        uid = existing["metadata"]["uid"]
+        precondition = (options.get("preconditions") or {}).get("uid")
+        if precondition and precondition != uid:
+            return _status(409, "Conflict", f'Operation cannot be fulfilled on {self._info(route).kind} '
+                           f'"{route.name}": the UID in the precondition ({precondition}) does not match the '
+                           f"UID in record ({uid}). The object might have been deleted and then recreated",
+                           {"name": route.name, "kind": route.plural})
+        if route.gvr == "v1/namespaces":
+            return self._delete_namespace(route, key, existing, dry)
+        policy = {"Foreground": "foregroundDeletion", "Orphan": "orphan"}.get(options.get("propagationPolicy", ""))
+        if existing["metadata"].get("finalizers") or policy:
+            marked = copy.deepcopy(existing)
+            marked["metadata"].setdefault("deletionTimestamp", _now())
+            if policy and policy not in marked["metadata"].get("finalizers", []):
+                marked["metadata"]["finalizers"] = marked["metadata"].get("finalizers", []) + [policy]
+            if dry:
+                return aiohttp.web.json_response(marked)
+            if marked != existing:
+                marked = self._commit("MODIFIED", route.gvr, key, marked)
+            if marked["metadata"]["finalizers"] == [policy]:  # no dependents here: the GC finishes
+                self.remove(route.gvr, route.namespace, route.name)
+            return aiohttp.web.json_response(marked)
+        if not dry:
+            self.remove(route.gvr, route.namespace, route.name)
+        details = {"name": route.name, "group": route.group, "kind": route.plural, "uid": uid}
+        return aiohttp.web.json_response({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
+                                          "details": {k: v for k, v in details.items() if v}})
+
+    def _delete_namespace(self, route: Route, key: tuple, existing: dict, dry: bool) -> aiohttp.web.Response:
+        """The answer is the Namespace, Terminating; the namespace controller (instant here)
+        then deletes what it holds and the Namespace itself."""
+        marked = copy.deepcopy(existing)
+        marked["metadata"].setdefault("deletionTimestamp", _now())
+        marked.setdefault("status", {})["phase"] = "Terminating"
+        if dry:
+            return aiohttp.web.json_response(marked)
+        marked = self._commit("MODIFIED", route.gvr, key, marked)
+        for gvr, ns, name in [k for k in self.store if k[1] == route.name]:
+            self.remove(gvr, ns, name)
+        self.remove(route.gvr, None, route.name)
+        return aiohttp.web.json_response(marked)
+
+    def _patch(self, route: Route, key: tuple, existing: dict | None, body: Any, ctype: str,
+               params: dict, manager: str, dry: bool) -> aiohttp.web.Response:
+        if "apply-patch" in ctype:
+            decoded = self._decode(route, body, params, apply=True)
+            if isinstance(decoded, aiohttp.web.Response):
+                return decoded
+            if existing is None:
+                if route.subresource is not None:
+                    return _not_found(route)
+                obj = self._new(decoded, route)
+                invalid = self._invalid(route, obj)
+                if invalid is not None:
+                    return invalid
+                self._manage(route, obj, manager, "Apply")
+                return aiohttp.web.json_response(
+                    obj if dry else self._commit("ADDED", route.gvr, key, obj), status=201)
+            merged = apply_merge(copy.deepcopy(existing), self._only_status(route, decoded))
+            invalid = self._invalid(route, merged)
+            if invalid is not None:
+                return invalid
+            operation = "Apply"
+        elif "merge-patch" in ctype:
+            if existing is None:
+                return _not_found(route)
+            precondition = ((body or {}).get("metadata") or {}).get("uid")
+            if precondition and precondition != existing["metadata"]["uid"]:
+                return self._immutable_uid(route, precondition)
+            unknown = self._unknown_in_patch(route, existing, body, params)
+            if unknown is not None:
+                return unknown
+            merged = merge_patch(copy.deepcopy(existing), self._only_status(route, body))
+            operation = "Update"
+        else:
+            return _status(415, "UnsupportedMediaType", f"unsupported patch type {ctype}")
+        merged = self._defaulted(route, merged)
+        if merged == existing:
+            return aiohttp.web.json_response(merged)  # a no-op writes nothing: no new resourceVersion
+        self._manage(route, merged, manager, operation)
+        if dry:
+            return aiohttp.web.json_response(merged)
+        return aiohttp.web.json_response(self._commit("MODIFIED", route.gvr, key, merged))
+
+    def _only_status(self, route: Route, body: Any) -> Any:
+        """Through the status subresource only `status` changes (metadata and spec are ignored)."""
+        if route.subresource != "status" or not isinstance(body, dict):
+            return body
+        return {"status": body.get("status")}
+
+    def _immutable_uid(self, route: Route, uid: str) -> aiohttp.web.Response:
+        """A patch that names another uid: the real server refuses the change of an immutable
+        field (422), it does not treat the uid as a precondition (that is DELETE's)."""
+        kind = self._info(route).kind
+        what = f"{kind}.{route.group}" if route.group else kind
+        return _status(422, "Invalid", f'{what} "{route.name}" is invalid: metadata.uid: Invalid value: '
+                       f'"{uid}": field is immutable',
+                       _details(name=route.name, group=route.group, kind=kind,
+                                causes=[{"reason": "FieldValueInvalid", "field": "metadata.uid"}]))
+
+    def _unknown_in_patch(self, route: Route, existing: dict, body: Any, params: dict) -> aiohttp.web.Response | None:
+        """A merge patch that adds an undeclared field under Strict: 422, as the server says it."""
+        if params.get("fieldValidation") != "Strict":
+            return None
+        decoded = self._decode(route, merge_patch(copy.deepcopy(existing), body), params)
+        if not isinstance(decoded, aiohttp.web.Response):
+            return None
+        message = json.loads(decoded.text)["message"].split("strict decoding error: ", 1)[-1]
+        return _status(422, "Invalid", f' "" is invalid: patch: Invalid value: "{json.dumps(body)}": '
+                       f"strict decoding error: {message}", {"causes": [{"reason": "FieldValueInvalid"}]})
+
     def _invalid(self, route: Route, obj: dict) -> aiohttp.web.Response | None:
+        bad_name = sem.invalid_name(obj.get("metadata", {}).get("name"), route.plural)
+        if bad_name is not None:
+            return self._unprocessable(route, bad_name)
         ref = obj.get("roleRef") or {}
         if route.plural == "rolebindings" and self.role_refs_checked and ref.get("kind") == "Role" and \
                 ("rbac.authorization.k8s.io/v1/roles", route.namespace, ref.get("name")) not in self.store:
@@ -400,12 +576,18 @@ class ApiEmulator(kmock.KubernetesEmulator):
         problems = check(obj) if check else []
         if not problems:
             return None
+        return self._unprocessable(route, problems[0])
+
+    def _unprocessable(self, route: Route, problem: str) -> aiohttp.web.Response:
+        """422 Invalid, in the server's words: `Kind.group "name" is invalid: problem`."""
         info = self._info(route)
         kind = f"{info.kind}.{route.group}" if route.group else info.kind
-        return _status(422, "Invalid", f'{kind} "{route.name}" is invalid: {problems[0]}',
-                       {"name": route.name, "kind": route.plural})
+        return _status(422, "Invalid", f'{kind} "{route.name}" is invalid: {problem}',
+                       _details(name=route.name, group=route.group, kind=info.kind,
+                                causes=[{"reason": "FieldValueInvalid", "message": problem}]))
 
-    async def _watch(self, raw: Any, route: Route, params: dict) -> aiohttp.web.StreamResponse:
+    async def _watch(self, raw: Any, route: Route, params: dict,
+                     selectors: tuple[list, list] = ([], [])) -> aiohttp.web.StreamResponse:
         drop = next((f for f in self.faults
                      if f.matches(raw.method, raw.path) and f.drop_after is not None), None)
         if drop is not None:
@@ -426,6 +608,8 @@ class ApiEmulator(kmock.KubernetesEmulator):
         deadline = loop.time() + timeout
         since = params.get("resourceVersion")
         sent = 0
+        bookmarks = params.get("allowWatchBookmarks") in ("true", "1")
+        next_bookmark = _next_bookmark(loop.time(), deadline)
 
         async def send(event: dict) -> bool:
             nonlocal sent
@@ -447,7 +631,7 @@ class ApiEmulator(kmock.KubernetesEmulator):
             if since in (None, "", "0"):
                 initial = [{"type": "ADDED", "object": copy.deepcopy(o)}
                            for (gvr, ns, _), o in sorted(self.store.items())
-                           if gvr == route.gvr and route.namespace in (None, ns) and _selected(o, params)]
+                           if gvr == route.gvr and route.namespace in (None, ns) and sem.selected(o, *selectors)]
                 cursor = self.rv
             else:
                 initial, cursor = [], int(since)
@@ -461,7 +645,7 @@ class ApiEmulator(kmock.KubernetesEmulator):
                 pending = [(rv, etype, obj) for rv, gvr, etype, obj in self.history
                            if rv > cursor and gvr == route.gvr
                            and route.namespace in (None, obj["metadata"].get("namespace"))
-                           and _selected(obj, params)]
+                           and sem.selected(obj, *selectors)]
                 cursor = max([cursor] + [rv for rv, _, _, _ in self.history])
             for _, etype, obj in pending:
                 if not await send({"type": etype, "object": obj}):
@@ -469,10 +653,24 @@ class ApiEmulator(kmock.KubernetesEmulator):
             remaining = deadline - loop.time()
             if remaining <= 0:
                 break
+            if bookmarks and loop.time() >= next_bookmark:
+                if not await send(self._bookmark(route, cursor)):
+                    return response
+                next_bookmark = _next_bookmark(loop.time(), deadline)
+                continue
+            wake = min(remaining, next_bookmark - loop.time()) if bookmarks else remaining
             with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(changed.wait(), remaining)
+                await asyncio.wait_for(changed.wait(), max(wake, 0))
         await response.write_eof()
         return response
+
+    def _bookmark(self, route: Route, cursor: int) -> dict:
+        """What a real server sends with allowWatchBookmarks: only the kind and a resourceVersion
+        to resume from (every minute, and 2 s before the watch's timeout)."""
+        info = self._info(route)
+        return {"type": "BOOKMARK", "object": {"kind": info.kind if info else None,
+                                               "apiVersion": route.api_version,
+                                               "metadata": {"resourceVersion": str(cursor), "annotations": {}}}}
 
     async def _serve_log(self, raw: Any, route: Route, params: dict) -> aiohttp.web.StreamResponse:
         lines = self.pod_logs.get((route.namespace or "", route.name or ""))
@@ -524,46 +722,45 @@ def _verb(method: str, route: Route, params: dict) -> str:
     return {"POST": "create", "PATCH": "patch", "PUT": "update", "DELETE": "delete"}.get(method, method.lower())
 
 
-def _selected(obj: dict, params: dict) -> bool:
-    meta = obj.get("metadata", {})
-    labels = meta.get("labels") or {}
-    for term in filter(None, params.get("labelSelector", "").split(",")):
-        term = term.strip()  # equality-based selectors: k=v, k==v, k!=v, k (exists), !k
-        if "!=" in term:
-            key, value = term.split("!=", 1)
-            if labels.get(key.strip()) == value.strip():
-                return False
-        elif "=" in term:
-            key, value = term.replace("==", "=").split("=", 1)
-            if labels.get(key.strip()) != value.strip():
-                return False
-        elif term.startswith("!"):
-            if term[1:].strip() in labels:
-                return False
-        elif term not in labels:
-            return False
-    for term in filter(None, params.get("fieldSelector", "").split(",")):
-        key, _, value = term.partition("=")
-        found: Any = obj  # a dotted path: metadata.name, involvedObject.kind, status.phase, ...
-        for part in key.split("."):
-            found = found.get(part) if isinstance(found, dict) else None
-        if (found or "") != value:
-            return False
-    return True
-
-
 def _status(code: int, reason: str, message: str, details: dict | None = None, *,
-            headers: dict | None = None) -> aiohttp.web.Response:
-    return aiohttp.web.json_response({
-        "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-        "message": message, "reason": reason, "details": details or {}, "code": code},
-        status=code, headers=headers)
+            headers: dict | None = None, reason_field: bool = True) -> aiohttp.web.Response:
+    body: dict[str, Any] = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                            "message": message, "reason": reason, "details": details or {}, "code": code}
+    if not reason_field:  # a real server's 500 from inside apply carries neither
+        del body["reason"], body["details"]
+    return aiohttp.web.json_response(body, status=code, headers=headers)
+
+
+def _details(**fields: Any) -> dict:
+    """A Status's details as the server writes them: empty fields (the core group) left out."""
+    return {k: v for k, v in fields.items() if v}
 
 
 def _not_found(route: Route) -> aiohttp.web.Response:
     what = f"{route.plural}.{route.group}" if route.group else route.plural
     return _status(404, "NotFound", f'{what} "{route.name}" not found',
-                   {"name": route.name, "group": route.group, "kind": route.plural})
+                   _details(name=route.name, group=route.group, kind=route.plural))
+
+
+def _forbidden(route: Route, verb: str, user: str) -> aiohttp.web.Response:
+    """RBAC's 403, in the server's words (the object's name and the namespace when there are)."""
+    what = f'{route.plural} "{route.name}" is' if route.name else f"{route.plural} is"
+    where = f' in the namespace "{route.namespace}"' if route.namespace else ""
+    return _status(403, "Forbidden", f'{what} forbidden: User "{user}" cannot {verb} resource '
+                   f'"{route.plural}" in API group "{route.group}"{where}',
+                   _details(name=route.name, group=route.group, kind=route.plural))
+
+
+def _selectors(route: Route, params: dict) -> tuple[list, list]:
+    """The request's label and field selectors as predicates (SelectorError: the server's 400)."""
+    return (sem.label_matcher(params.get("labelSelector", "")),
+            sem.field_matcher(params.get("fieldSelector", ""), route.plural, sem.is_custom(route.group)))
+
+
+def _next_bookmark(now: float, deadline: float) -> float:
+    """A real server bookmarks every minute and once 2 s before the watch's deadline."""
+    before_end = deadline - 2.0
+    return min(now + 60.0, before_end) if before_end > now else now + 60.0
 
 
 # --- running it -----------------------------------------------------------------------------
