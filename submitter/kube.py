@@ -241,7 +241,7 @@ class Kube:
                 api_error = ApiException(http_resp=_read(response))
                 error = translate(api_error, what, self.host)
                 error.__cause__ = api_error
-                if response.status in RETRY_STATUSES:
+                if response.status in RETRY_STATUSES and not _schema_refusal(str(error)):
                     raise _Retry(error, _retry_after(response.response))
                 self.renew()  # a definite answer: the API is alive
                 raise error
@@ -472,13 +472,20 @@ def translate(e: Any, what: tuple[str, Kind | None, str | None, str | None], hos
         if kind is not None and kind.plural == "rayjobs" and not details.get("name"):
             return CrdMissing(f"the RayJob CRD (rayjobs.ray.io) is not installed on {host}; {KUBERAY_INSTALL}")
         return NotFound(f"{target} not found{where}")
-    if status == 409:
+    if status == 409 or (status == 422 and verb == "patch" and _uid_changed(server)):
+        # a merge patch carrying the uid we read is our precondition; a real API server answers
+        # a different uid with 422 "field is immutable" (only DELETE has true preconditions)
+        if status == 422:
+            return Conflict(f"{target}{where} was deleted and recreated meanwhile (another uid); "
+                            "nothing was changed: look again and rerun the command")
         return Conflict(f"conflict on {target}{where}: {server}")
     if status == 410:
         return Expired(server or "resource version too old")
-    if status in (400, 422):
+    if status in (400, 422) or _schema_refusal(server):
         hint = ""
-        if "unknown field" in server:  # fieldValidation=Strict: the installed CRD is older
+        # fieldValidation=Strict: the installed CRD is older (a create or merge patch says
+        # "unknown field"; a server-side apply answers 500 "field not declared in schema")
+        if "unknown field" in server or _schema_refusal(server):
             hint = ("; the installed CRD does not know that field: upgrade KubeRay and its CRDs "
                     f"(>= {KUBERAY_AUTH_VERSION} for authOptions)" if kind and kind.group == "ray.io"
                     else "; the API server does not know that field (an older version?)")
@@ -487,6 +494,16 @@ def translate(e: Any, what: tuple[str, Kind | None, str | None, str | None], hos
         return ApiUnavailable(f"the Kubernetes API at {host} kept failing ({status} {e.reason or ''}"
                               f"{': ' + server if server else ''}) after retries; try again later")
     return ClusterError(f"{verb} {target}{where} failed: {status} {server}")
+
+
+def _uid_changed(message: str) -> bool:
+    return "metadata.uid" in message and "field is immutable" in message
+
+
+def _schema_refusal(message: str) -> bool:
+    """A server-side apply of a field the schema lacks: 500 from the API server, yet no outage
+    (retrying cannot help)."""
+    return "field not declared in schema" in message
 
 
 def _body(e: Any) -> dict:
