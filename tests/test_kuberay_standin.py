@@ -14,7 +14,6 @@ import os
 import sys
 import subprocess
 import threading
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -27,6 +26,7 @@ from submitter.contract import events as ev
 from submitter.contract import naming
 from tests.support.kube_emulator import RAYJOBS
 from tests.support.kuberay_standin import KubeRayStandIn, running_rbac_emulator
+from tests.support.polling import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -94,17 +94,6 @@ def cluster(s3_server, runner, tmp_path):
             yield c
         finally:
             c.standin.close()
-
-
-def wait_for(what: str, predicate, timeout: float = 600.0):
-    """Poll `predicate` until it returns something truthy (a guard against hangs, not a timing)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.5)
-    raise AssertionError(f"{what}: not within {timeout:.0f}s")
 
 
 def rayjob_status(cluster) -> dict:

@@ -12,7 +12,9 @@ import json
 import pytest
 import yaml
 
-from tests.support.real_cluster import NAMESPACE, events_of, job_file, wait_for
+from tests.support.polling import wait_for
+from tests.support.real_cluster import NAMESPACE, events_of, job_file
+from tests.support.s3 import running_s3
 
 pytestmark = pytest.mark.timeout(1500)
 
@@ -84,25 +86,39 @@ def test_the_readme_cluster_path_survives_a_deleted_worker_pod(control_plane, tm
     cp.core.delete_namespaced_config_map(foreign.metadata.name, NAMESPACE)
 
 
-def test_stop_then_resume_continues_from_the_checkpoint(control_plane, tmp_path):
+def test_stop_then_resume_continues_from_the_checkpoint_in_a_bucket(control_plane, tmp_path):
+    """The other storage: an S3 bucket (moto's server, reached by the pods at the bridge's host
+    address), its credentials in a Secret the platform team made (the user may not create one)."""
     cp, name = control_plane, "rc-stop"
-    job = job_file(tmp_path, name=name, max_steps_per_epoch=90, checkpoint_every=30)
-    submitted = cp.submitter("submit", "-f", str(job))
-    assert submitted.returncode == 0, submitted.stdout + submitted.stderr
-    wait_for("a first checkpoint", lambda: _checkpoints(cp.events(name)), 900, cp.story)
-    stopped = cp.submitter("stop", name)
-    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
-    wait_for("the cluster gone while suspended", lambda: cp.rayjob(name)["status"].get(
-        "jobDeploymentStatus") == "Suspended" and not cp.pods(f"submitter.dev/job={name},ray.io/node-type"), 300, cp.story)
-    saved = _checkpoints(cp.events(name))[-1]
-    resumed = cp.submitter("resume", name, "--watch", timeout=1200)
-    assert resumed.returncode == 0, resumed.stdout + resumed.stderr + cp.story()
-    events = cp.events(name)
-    restart = events_of(events, "run_resumed")
-    assert restart and restart[-1]["resumed_from"] == saved["path"], ([e["type"] for e in events], saved)
-    assert restart[-1]["step"] >= saved["step"], (restart[-1], saved)
-    assert events[-1]["type"] == "run_finished"
-    assert cp.submitter("delete", name).returncode == 0
+    host = json.loads((cp.root / "state.json").read_text())["host_ip"]
+    with running_s3(host) as s3:
+        s3.make_bucket("runs")
+        cp.core.create_namespaced_secret(NAMESPACE, {"metadata": {"name": f"{name}-s3"}, "stringData": s3.env})
+        job = job_file(tmp_path, name=name, max_steps_per_epoch=90, checkpoint_every=30,
+                       storage_path="s3://runs/jobs", env_from_secret=[f"{name}-s3"],
+                       allow_ephemeral_storage=False)
+        try:
+            submitted = cp.submitter("submit", "-f", str(job))
+            assert submitted.returncode == 0, submitted.stdout + submitted.stderr
+            wait_for("a first checkpoint", lambda: _checkpoints(cp.events(name)), 900, cp.story)
+            stopped = cp.submitter("stop", name)
+            assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+            wait_for("the cluster gone while suspended", lambda: cp.rayjob(name)["status"].get(
+                "jobDeploymentStatus") == "Suspended" and not cp.pods(f"submitter.dev/job={name},ray.io/node-type"),
+                300, cp.story)
+            saved = _checkpoints(cp.events(name))[-1]
+            resumed = cp.submitter("resume", name, "--watch", timeout=1200)
+            assert resumed.returncode == 0, resumed.stdout + resumed.stderr + cp.story()
+            events = cp.events(name)
+            restart = events_of(events, "run_resumed")
+            assert restart and restart[-1]["resumed_from"] == saved["path"], ([e["type"] for e in events], saved)
+            assert restart[-1]["step"] >= saved["step"], (restart[-1], saved)
+            assert events[-1]["type"] == "run_finished"
+            stored = s3.list(f"runs/jobs/{NAMESPACE}/{name}")
+            assert any("/checkpoint_" in key for key in stored), stored
+        finally:
+            cp.submitter("delete", name)
+            cp.core.delete_namespaced_secret(f"{name}-s3", NAMESPACE)
 
 
 FAILING = '''

@@ -9,6 +9,7 @@ from typing import Iterator
 
 import pytest
 
+from tests.support.polling import wait_for
 from tests.support.real_cluster import ControlPlane, control_plane_cli, job_file
 
 OLDER = "v1.4.0"
@@ -46,8 +47,6 @@ def test_no_rayjob_crd_exits_9_and_says_how_to_install_it(older_operator, tmp_pa
         def gone() -> bool:
             return "rayjobs.ray.io" not in [c.metadata.name for c in
                                             older_operator.apiext.list_custom_resource_definition().items]
-        from tests.support.real_cluster import wait_for
-
         wait_for("the CRD gone", gone, 120)
         result = older_operator.submitter("submit", "-f", str(job_file(tmp_path, name="rc-nocrd")))
         assert result.returncode == 9, result.stdout + result.stderr

@@ -3,14 +3,13 @@ CLI as its restricted user runs it, and the admin's view of the cluster."""
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "control-plane"
@@ -111,17 +110,6 @@ class ControlPlane:
         logs = "\n".join(f"--- {p.name}\n" + (p.read_text(errors="replace")[-1500:])
                          for p in sorted((self.root / "logs").glob("*.log")))
         return (out.stdout + out.stderr if out else "") + "\n" + logs
-
-
-def wait_for(what: str, predicate: Callable[[], Any], timeout: float = 600.0, explain: Callable[[], str] = str) -> Any:
-    """Poll `predicate` until it returns something truthy (a guard against hangs, not a timing)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(1.0)
-    raise AssertionError(f"{what}: not within {timeout:.0f}s\n{explain()}")
 
 
 def job_file(tmp_path: Path, **overrides: Any) -> Path:

@@ -10,6 +10,7 @@ AWS: pyarrow (and so Ray Train) follow `AWS_ENDPOINT_URL`.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
@@ -45,9 +46,9 @@ def moto_python() -> Optional[str]:
     return None
 
 
-def _free_port() -> int:
+def _free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((host, 0))
         return s.getsockname()[1]
 
 
@@ -85,36 +86,46 @@ class S3Server:
         return sorted(i.path for i in infos)
 
 
-@pytest.fixture
-def s3_server(monkeypatch: pytest.MonkeyPatch) -> Iterator[S3Server]:
-    """moto's S3 server on a free loopback port; AWS_* variables point every client at it."""
+MOTO_MISSING = ("no Python with moto[server]>=5.2.5 here: python3 -m venv .venv-moto && "
+                ".venv-moto/bin/pip install 'moto[server]>=5.2.5,<6', then set "
+                "SUBMITTER_MOTO_PYTHON=$PWD/.venv-moto/bin/python (.ci/run does this)")
+
+
+@contextlib.contextmanager
+def running_s3(host: str = "127.0.0.1") -> Iterator[S3Server]:
+    """moto's S3 server on a free port of `host` (loopback, or the address pods reach the
+    machine at in the real-control-plane tests); skips the test where moto is missing."""
     python = moto_python()
     if python is None:
-        pytest.skip("no Python with moto[server]>=5.2.5 here: python3 -m venv .venv-moto && "
-                    ".venv-moto/bin/pip install 'moto[server]>=5.2.5,<6', then set "
-                    "SUBMITTER_MOTO_PYTHON=$PWD/.venv-moto/bin/python (.ci/run does this)")
-    port = _free_port()
-    proc = subprocess.Popen([python, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        pytest.skip(MOTO_MISSING)
+    port = _free_port(host)
+    proc = subprocess.Popen([python, "-m", "moto.server", "-H", host, "-p", str(port)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 60
     while True:
         try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            socket.create_connection((host, port), timeout=1).close()
             break
         except OSError:
             if proc.poll() is not None or time.monotonic() > deadline:
                 proc.kill()
                 pytest.fail("moto's S3 server did not start")
             time.sleep(0.2)
-    endpoint = f"127.0.0.1:{port}"
-    env = {**CREDENTIALS, "AWS_ENDPOINT_URL": f"http://{endpoint}"}
-    for key, value in env.items():
-        monkeypatch.setenv(key, value)
+    endpoint = f"{host}:{port}"
     try:
-        yield S3Server(endpoint, env)
+        yield S3Server(endpoint, {**CREDENTIALS, "AWS_ENDPOINT_URL": f"http://{endpoint}"})
     finally:
         proc.terminate()
         try:
             proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             proc.kill()
+
+
+@pytest.fixture
+def s3_server(monkeypatch: pytest.MonkeyPatch) -> Iterator[S3Server]:
+    """moto's S3 server on a free loopback port; AWS_* variables point every client at it."""
+    with running_s3() as server:
+        for key, value in server.env.items():
+            monkeypatch.setenv(key, value)
+        yield server
