@@ -174,6 +174,7 @@ def preflight(kube: Kube, spec: JobSpec, objects: list[dict] | None = None) -> d
         objects = owned_objects(render(spec), spec)
     live: dict[str, dict | None] = {}
     foreign: list[tuple[str, str, dict]] = []
+    going: list[str] = []
     for obj in objects:
         ref = _ref(obj)
         found = kube.find(obj["kind"], spec.namespace, obj["metadata"]["name"])
@@ -182,9 +183,22 @@ def preflight(kube: Kube, spec: JobSpec, objects: list[dict] | None = None) -> d
             why = not_ours(found, spec.namespace, spec.name)
             if why:
                 foreign.append((ref, why, obj))
+            elif (found.get("metadata") or {}).get("deletionTimestamp"):
+                going.append(_being_deleted(ref, found))
     if foreign:
         refuse_foreign(foreign, spec)
+    if going:
+        # an object on its way out (a PVC a pod still holds, a RayJob the operator is still
+        # cleaning up) would be "updated" and then vanish under the new job, or, worse, a
+        # deleted run's checkpoints would be trained on: wait for it instead
+        raise Conflict(f"{'; '.join(going)}: wait until it is gone (submitter list shows it), or "
+                       f"submit under another --name; nothing was written")
     return live
+
+
+def _being_deleted(ref: str, obj: dict) -> str:
+    finalizers = ", ".join((obj.get("metadata") or {}).get("finalizers") or []) or "none"
+    return f"{ref} is being deleted (finalizers: {finalizers})"
 
 
 def check_crd(kube: Kube, spec: JobSpec) -> None:

@@ -436,3 +436,21 @@ def test_the_deadline_is_silence_not_age_a_slow_but_answering_api_is_fine(api, k
     assert kube.find("ConfigMap", "default", "x") is None  # a 404 is an answer too
     time.sleep(0.7)
     assert kube.find("RayJob", "default", "x") is None
+
+
+def test_submit_waits_for_a_checkpoint_pvc_that_is_being_deleted(api, kube, kubeconfig, runner):
+    """Found on the real control plane: `delete --delete-pvc` leaves the claim Terminating while
+    `kubernetes.io/pvc-protection` holds it, and a new job of that name "reused" it: the deleted
+    run's checkpoints, then the volume gone under it. A submit now waits for it, one line, exit 8."""
+    submitted(runner, kubeconfig, api)
+    deleted = cli(runner, kubeconfig, "delete", "gpt2-demo")
+    assert deleted.exit_code == 0, deleted.output
+    api.emulator.merge(PVCS, "default", "gpt2-demo-checkpoints",
+                       {"metadata": {"finalizers": ["kubernetes.io/pvc-protection"]}})
+    kube.delete("PersistentVolumeClaim", "default", "gpt2-demo-checkpoints")  # Terminating
+    mark = len(api.emulator.log)
+    again = cli(runner, kubeconfig, "submit", "--name", "gpt2-demo")
+    assert again.exit_code == 8, again.output
+    assert "persistentvolumeclaim/gpt2-demo-checkpoints is being deleted (finalizers: " \
+           "kubernetes.io/pvc-protection)" in one_line(again)
+    assert not real_writes(api, mark)
