@@ -243,37 +243,6 @@ def first_checkpoint(cluster) -> dict | None:
     return saved[0] if saved else None
 
 
-def test_a_killed_worker_pod_is_replaced_and_the_run_resumes_from_its_checkpoint(cluster):
-    cluster.submit(max_steps_per_epoch=100, checkpoint_every=20, progress_every=10)
-    cluster.standin.run(NAME)
-    killed: list = []
-
-    def kill_after_the_first_checkpoint():
-        wait_for("a checkpoint", lambda: first_checkpoint(cluster))
-        worker = cluster.standin.pods("worker")[0]
-        cluster.standin.kill_pod(worker)  # the node is gone; KubeRay makes a new worker pod
-        killed.append(worker.name)
-
-    watched = watch_while(cluster, kill_after_the_first_checkpoint)
-    assert killed
-    events = cluster.configmap_events()
-    restarts = [e for e in events if e["type"] == "worker_group_restarted"]
-    assert restarts, [e["type"] for e in events]
-    resumed = restarts[0]["resumed_from"]
-    saved = [e for e in events if e["type"] == "checkpoint_saved"
-             and e["seq"] < restarts[0]["seq"]]
-    assert resumed and resumed == saved[-1]["path"], (resumed, saved)  # the last one before the kill
-    after = [e for e in events if e["type"] == "progress" and e["seq"] > restarts[0]["seq"]]
-    assert after and saved[-1]["step"] < after[0]["step"] <= saved[-1]["step"] + 10  # not from 0
-    assert "worker group restarted" in watched.output and "resumed from" in watched.output
-    workers = [p.name for p in cluster.standin.attempts[-1].pods if p.kind == "worker"]
-    # the lost pod and its replacement (a replacement that fails to join is replaced in turn)
-    assert len(workers) >= 2 and killed[0] == workers[0], workers
-    assert len(cluster.standin.attempts) == 1, cluster.explain()  # Ray Train recovered: no RayJob retry
-    assert_sink_on_the_head(cluster)
-
-
-
 def configmap_state(cluster) -> dict:
     """The folded progress state the sink keeps in the ConfigMap (world_size: workers training now)."""
     cm = cluster.api.emulator.get("v1/configmaps", "default", f"{NAME}-progress") or {}

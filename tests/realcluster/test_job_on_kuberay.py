@@ -56,7 +56,10 @@ def test_the_readme_cluster_path_survives_a_deleted_worker_pod(control_plane, tm
     before = [e for e in _checkpoints(events) if e["seq"] < restarts[0]["seq"]]
     assert restarts[0]["resumed_from"] == before[-1]["path"], (restarts[0], before)
     after = [e for e in events_of(events, "progress") if e["seq"] > restarts[0]["seq"]]
-    assert after and after[0]["step"] > before[-1]["step"] - 1, (after[:1], before[-1])  # not from 0
+    assert after and before[-1]["step"] < after[0]["step"] <= before[-1]["step"] + 10, (after[:1], before[-1])
+    assert "resumed from" in watched
+    # Ray Train recovered inside the attempt: no RayJob retry (a new RayCluster)
+    assert not rayjob["status"].get("failed"), rayjob["status"]
     assert events[-1]["type"] == "run_finished", events[-1]
     # the checkpoints are on the claim's volume, where the next run of this name resumes
     volume = cp.volume_dir(f"{name}-checkpoints")

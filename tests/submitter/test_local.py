@@ -233,21 +233,33 @@ def test_without_the_training_stack_local_exits_2_with_the_pip_command(runner, m
     assert "ray, torch are not installed" in result.output and 'pip install "submitter-gpt2[train]"' in result.output
 
 
+#: The getting-started page's local example (the one the docs test marks runnable: local).
+LOCAL_EXAMPLE = next(e for e in __import__("tests.test_docs", fromlist=["EXAMPLES"]).EXAMPLES
+                     if e.kind == "local")
+
+
 @pytest.mark.slow
 def test_submit_local_runs_end_to_end_offline(storage, tmp_path, monkeypatch):
     """The README's main command, shortened (offline corpus, byte tokenizer, 2 CPU workers), as
-    a user runs it: the CLI process imports neither ray nor torch nor transformers."""
+    a user runs it, in the getting-started page's words (its output is what the page shows):
+    the CLI process imports neither ray nor torch nor transformers."""
     import subprocess
 
+    from tests.test_docs import matches
+
+    (command, shown), = LOCAL_EXAMPLE.steps
     # the trackers by their own variables: MLflow (a file store), W&B offline; TensorBoard always
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "MLFLOW_TRACKING_URI": f"file:{tmp_path}/mlruns",
-           "MLFLOW_ALLOW_FILE_STORE": "true", "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
-    proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "submitter", "submit",
-                           "--local", "--storage-path", str(storage), "--name", "cli-run",
-                           "--epochs", "2", "--max-steps-per-epoch", "15"],
-                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
+           "MLFLOW_ALLOW_FILE_STORE": "true", "WANDB_MODE": "offline", "WANDB_SILENT": "true",
+           "COLUMNS": "100", "NO_COLOR": "1"}
+    assert command.startswith("submitter ")  # this interpreter's, timing its own imports only
+    argv = [sys.executable, "-X", "importtime", "-m", "submitter", *command.split()[1:]]
+    # ./runs must be a directory the storage policy keeps (a checkout under /tmp is refused)
+    proc = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=storage, timeout=600)
     out = proc.stdout
     assert proc.returncode == 0, out + proc.stderr[-3000:]
+    shown_lines = "\n".join(line for line in (out + proc.stderr).splitlines() if not line.startswith("import time:"))
+    assert matches(shown, shown_lines), f"the page shows:\n{shown}\n--- the run printed:\n{shown_lines}"
     imported = {line.split("|")[-1].strip().split(".")[0] for line in proc.stderr.splitlines()
                 if line.startswith("import time:")}
     assert "click" in imported and not imported & {"ray", "torch", "transformers", "datasets"}
@@ -256,7 +268,7 @@ def test_submit_local_runs_end_to_end_offline(storage, tmp_path, monkeypatch):
     assert "epoch 1 done:" in out and "epoch 2 done:" in out
     final = next(line for line in out.splitlines() if line.startswith("final:"))
     assert "step 30" in final and "val_loss" in final
-    run_dir = storage / "cli-run"
+    run_dir = storage / "runs" / "quick"
     assert f"checkpoints: {run_dir} (2 kept:" in out
     events = ev.parse_lines((run_dir / naming.EVENTS_FILE).read_text())
     assert events[0]["type"] == "run_started" and events[-1]["type"] == "run_finished"
