@@ -97,7 +97,7 @@ def test_stop_then_resume_continues_from_the_checkpoint_in_a_bucket(control_plan
     with running_s3(host) as s3:
         s3.make_bucket("runs")
         cp.core.create_namespaced_secret(NAMESPACE, {"metadata": {"name": f"{name}-s3"}, "stringData": s3.env})
-        job = job_file(tmp_path, name=name, max_steps_per_epoch=90, checkpoint_every=30,
+        job = job_file(tmp_path, name=name, max_steps_per_epoch=60, checkpoint_every=20,
                        storage_path="s3://runs/jobs", env_from_secret=[f"{name}-s3"],
                        allow_ephemeral_storage=False)
         try:

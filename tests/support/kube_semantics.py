@@ -13,6 +13,12 @@ answers carry the real server's status codes and message shapes:
   otherwise) and defaults, from the CRDs in ../shared/kuberay-crds;
 - `managedFields` entries (manager, operation, subresource; the field sets themselves are not
   tracked).
+
+Where the emulator still answers otherwise, on purpose: type and CEL checks of a RayJob's fields
+(opt-in through `emulator.validate()`: jsonschema's words, not the server's); a deleted Namespace
+goes at once (a real one stays Terminating a while); a watch from an old resourceVersion is 410
+only after `compact()` (a real server's answer depends on when etcd compacted); and no
+controller fills a new namespace (`kube-root-ca.crt`, the `default` ServiceAccount).
 """
 
 from __future__ import annotations
