@@ -40,6 +40,55 @@ def working_dir(spec: JobSpec) -> str:
     return spec.working_dir or os.path.dirname(os.path.abspath(str(spec.script)))
 
 
+#: `submit --local`'s default storage, relative to the directory it runs from.
+LOCAL_RUNS = "runs"
+
+
+def storage_inside_code(spec: JobSpec, cwd: Optional[str] = None) -> tuple[str, ...]:
+    """Run storage inside the code folder, relative to it: the job's storage path when local,
+    and `./runs` (`submit --local`'s default) when it holds runs. Why: a run's own output is not
+    its code; packed, a second run reads as other code and render ships checkpoints."""
+    if spec.script is None:
+        return ()
+    root = working_dir(spec)
+    storage = spec.resolved_storage_path.removeprefix("file://")
+    found = []
+    if scheme_of(storage) == "" and os.path.isabs(storage):
+        found.append(code.inside(root, storage))
+    default = os.path.join(cwd or os.getcwd(), LOCAL_RUNS)
+    if holds_runs(default):
+        found.append(code.inside(root, default))
+    return tuple(sorted({rel for rel in found if rel}))
+
+
+def holds_runs(path: str) -> bool:
+    """Whether `path` is a local storage path that submitter wrote: a run (events or run.json)
+    or a prepared corpus in one of its folders."""
+    from submitter.contract.naming import EVENTS_FILE
+    from submitter.contract.storage import CORPORA_DIR
+
+    try:
+        names = os.listdir(path)
+    except OSError:
+        return False
+    return any(name == CORPORA_DIR or os.path.isfile(os.path.join(path, name, EVENTS_FILE))
+               or os.path.isfile(os.path.join(path, name, "run.json")) for name in names)
+
+
+def storage_note(spec: JobSpec) -> Optional[str]:
+    """The one line that says run storage inside the code folder is left out of the code."""
+    rels = storage_inside_code(spec)
+    if not rels:
+        return None
+    shown = ", ".join(f"{rel}/" for rel in rels)
+    return f"code: {shown} left out (run storage, inside the code folder {working_dir(spec)})"
+
+
+def pack_code(spec: JobSpec) -> code.Bundle:
+    """The job's code bundle: the working directory, less the run storage inside it."""
+    return code.pack(working_dir(spec), spec.script, exclude=storage_inside_code(spec))
+
+
 def read_requirements(path: Optional[str]) -> tuple[str, ...]:
     """The requirement lines of a pip requirements file (comments and blanks dropped)."""
     if path is None:
@@ -68,7 +117,7 @@ def code_plan(spec: JobSpec) -> Optional[CodePlan]:
 @lru_cache(maxsize=8)
 def _code_plan(document: str) -> CodePlan:
     spec = JobSpec.from_document(document)
-    bundle = code.pack(working_dir(spec), spec.script)
+    bundle = pack_code(spec)
     pip = read_requirements(spec.requirements)
     if bundle.size <= code.CONFIGMAP_LIMIT:
         return CodePlan(bundle, naming.object_names(spec.name)["code"], None, pip)
@@ -109,7 +158,7 @@ def local_code_env(spec: JobSpec) -> dict[str, str]:
         return {}
     import tempfile
 
-    bundle = code.pack(working_dir(spec), spec.script)
+    bundle = pack_code(spec)
     directory = os.path.join(tempfile.gettempdir(), "submitter-bundles")
     os.makedirs(directory, exist_ok=True)
     path = os.path.join(directory, f"{bundle.sha256}.zip")

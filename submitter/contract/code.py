@@ -8,8 +8,10 @@ Deterministic: the same files give the same bytes (sorted entries, fixed timesta
 so `render` stays byte-identical for GitOps. The hash is over the file list and the files'
 contents (not the zip bytes, which depend on zlib's version): it is the code's identity in the
 run's `run.json`, and a resume with other code is refused naming the files that differ.
-Left out: `.git`, caches and virtual environments, and what `.submitterignore` or `.gitignore`
-(at the top of the directory) list.
+Left out: `.git`, caches and virtual environments, the ignore files themselves (adding one must
+not read as changed code), what `.submitterignore` or `.gitignore` (at the top of the directory)
+list, and the directories the caller names (a run's storage inside the code folder: a run's own
+output is never its code).
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ ENV_CODE = "SUBMITTER_CODE"
 #: Always left out: version control, caches, virtual environments, run outputs of ours.
 ALWAYS_IGNORED = (".git", ".hg", ".svn", "__pycache__", "*.pyc", "*.pyo", ".pytest_cache",
                   ".mypy_cache", ".ruff_cache", ".ipynb_checkpoints", ".venv", ".tox",
-                  ".DS_Store")
+                  ".DS_Store", ".submitterignore", ".gitignore")
 IGNORE_FILES = (".submitterignore", ".gitignore")
 _EPOCH = (1980, 1, 1, 0, 0, 0)
 
@@ -104,14 +106,17 @@ def ignored(rel: str, is_dir: bool, patterns: list[str]) -> bool:
     return False
 
 
-def list_files(root: str) -> list[str]:
-    """The files of `root` to pack, as sorted relative paths with '/'."""
+def list_files(root: str, exclude: tuple[str, ...] = ()) -> list[str]:
+    """The files of `root` to pack, as sorted relative paths with '/'; `exclude`: directories
+    (relative, with '/') left out whole, whatever the ignore files say."""
     patterns = _patterns(root)
+    skip = {e.strip("/") for e in exclude}
     out = []
     for here, dirs, files in os.walk(root, followlinks=False):
         rel_here = os.path.relpath(here, root).replace(os.sep, "/")
         rel_here = "" if rel_here == "." else rel_here + "/"
-        dirs[:] = sorted(d for d in dirs if not ignored(rel_here + d, True, patterns))
+        dirs[:] = sorted(d for d in dirs if rel_here + d not in skip
+                         and not ignored(rel_here + d, True, patterns))
         for name in files:
             rel = rel_here + name
             if not ignored(rel, False, patterns) and os.path.isfile(os.path.join(here, name)):
@@ -119,8 +124,10 @@ def list_files(root: str) -> list[str]:
     return sorted(out)
 
 
-def pack(working_dir: str, script: str, limit: int = BUCKET_LIMIT) -> Bundle:
-    """Zip `working_dir` deterministically; `script` must be a file inside it."""
+def pack(working_dir: str, script: str, limit: int = BUCKET_LIMIT,
+         exclude: tuple[str, ...] = ()) -> Bundle:
+    """Zip `working_dir` deterministically; `script` must be a file inside it; `exclude`:
+    directories left out (see list_files)."""
     root = os.path.abspath(working_dir)
     if not os.path.isdir(root):
         raise CodeError(f"--working-dir {working_dir}: not a directory; give the directory whose "
@@ -137,7 +144,7 @@ def pack(working_dir: str, script: str, limit: int = BUCKET_LIMIT) -> Bundle:
     total = 0
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED, compresslevel=9) as z:
-        for rel in list_files(root):
+        for rel in list_files(root, exclude):
             path = os.path.join(root, *rel.split("/"))
             with open(path, "rb") as f:
                 content = f.read()
@@ -154,6 +161,16 @@ def pack(working_dir: str, script: str, limit: int = BUCKET_LIMIT) -> Bundle:
         raise CodeError(f"--script {script} is left out of the bundle by an ignore rule "
                         f"({', '.join(IGNORE_FILES)}); un-ignore it")
     return Bundle(buf.getvalue(), files, entry, root)
+
+
+def inside(root: str, path: str) -> Optional[str]:
+    """`path` relative to `root` (with '/') when it is a directory strictly inside it, else None.
+    Why: a run's storage inside the code folder must be left out of the code, or a second run
+    sees its own checkpoints as changed code. Both sides are resolved (symlinks, `..`)."""
+    rel = os.path.relpath(os.path.realpath(path), os.path.realpath(root))
+    if rel == "." or rel == ".." or rel.startswith(".." + os.sep) or os.path.isabs(rel):
+        return None
+    return rel.replace(os.sep, "/")
 
 
 def too_big(working_dir: str, size: int, limit: int) -> str:

@@ -43,7 +43,7 @@ def test_version_control_caches_and_ignore_files_are_left_out(tmp_path):
                      ".gitignore": "*.log\n/out/\n# comment\n",
                      ".submitterignore": "data/\n"})
     files = code.list_files(str(tmp_path))
-    assert files == [".gitignore", ".submitterignore", "keep/data.txt", "train.py"]
+    assert files == ["keep/data.txt", "train.py"]  # the ignore files are not code either
 
 
 def test_an_ignored_script_is_refused(tmp_path):

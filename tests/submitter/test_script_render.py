@@ -130,3 +130,49 @@ def test_a_script_jobs_objects_validate_against_their_schemas(tmp_path):
     d = _script_dir(tmp_path)
     spec = JobSpec.build(name="mine", script=str(d / "train.py"), script_args=["--x"])
     assert validate_plan(list(render(spec))) == []
+
+
+def _with_a_local_run(folder):
+    """What `submit --local --script train.py` leaves in the script's folder: ./runs/train/..."""
+    run = folder / "runs" / "train"
+    (run / "checkpoint_000000").mkdir(parents=True)
+    (run / "checkpoint_000000" / "state.pt").write_bytes(os.urandom(4096))
+    (run / "events.jsonl").write_text('{"type": "run_started"}\n')
+    (run / "run.json").write_text("{}")
+
+
+def test_a_local_runs_storage_inside_the_code_folder_is_not_code(storage, tmp_path, monkeypatch):
+    from submitter.code_plan import local_code_env, storage_note
+    from submitter.local import local_spec, local_storage_path
+
+    d = _script_dir(storage)  # a folder the user keeps: ./runs is accepted there
+    monkeypatch.chdir(d)
+    spec = local_spec({}, {"script": "train.py"}, local_storage_path({}, {}))
+
+    def packed():
+        ref = json.loads(local_code_env(spec)[code.ENV_CODE])
+        with open(ref["path"], "rb") as f:
+            return ref["sha256"], code.unpack(f.read(), str(tmp_path / "out" / ref["sha256"]))
+
+    first, files = packed()
+    assert set(files) == {"train.py", "requirements.txt"}
+    _with_a_local_run(d)  # the first run's output: the second run's code is the same
+    second, files = packed()
+    assert second == first and not any(p.startswith("runs/") for p in files)
+    (d / ".submitterignore").write_text("runs/\n")  # the third run, after the docs' advice
+    assert packed()[0] == first
+    note = storage_note(spec)
+    assert note is not None and "runs/" in note and str(d) in note and "\n" not in note
+
+
+def test_render_script_does_not_pack_a_local_runs_output(tmp_path, monkeypatch, runner):
+    d = _script_dir(tmp_path)
+    monkeypatch.chdir(d)
+    args = ["render", "--name", "mine", "--script", "train.py", "-o", "yaml"]
+    before = runner.invoke(main, args)
+    assert before.exit_code == 0, before.output
+    _with_a_local_run(d)
+    after = runner.invoke(main, args)
+    assert after.exit_code == 0, after.output
+    assert after.stdout == before.stdout  # the same ConfigMap: no checkpoint in it
+    assert "runs/ left out" in after.stderr and "runs/" not in before.stderr

@@ -226,3 +226,29 @@ def test_a_plain_script_runs_with_its_requirements_and_changed_code_is_refused(s
     assert changed.returncode == 2 and "helper.py differ" in changed.stderr
     allowed = _submit(storage, "plain", code_dir / "plain.py", extra=[*needs, "--allow-code-change"])
     assert allowed.returncode == 0 and "changed code (helper.py" in allowed.stdout
+
+
+def test_the_readme_script_command_run_twice_from_its_own_folder(storage):
+    """`submitter submit --local --script train.py -- ...` from the script's folder: its
+    default storage ./runs lies in the code folder; the run's own output is not its code, so
+    the second run (and a third after adding a .submitterignore) is the same code."""
+    (storage / "train.py").write_text((SCRIPTS / "plain.py").read_text())
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "RAY_AUTH_MODE": "disabled"}
+
+    def run():
+        return subprocess.run([sys.executable, "-m", "submitter", "submit", "--local",
+                               "--script", "train.py", "--", "--lr", "3e-4"], cwd=storage,
+                              capture_output=True, text=True, env=env, timeout=600)
+
+    first = run()
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    assert (storage / "runs" / "train" / "run.json").exists()
+    assert first.stdout.count("runs/ left out") == 1  # said once
+    second = run()
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+    assert "other code" not in second.stdout + second.stderr
+    (storage / ".submitterignore").write_text("runs/\n")
+    third = run()
+    assert third.returncode == 0, third.stdout[-3000:] + third.stderr[-3000:]
+    record = json.loads((storage / "runs" / "train" / "run.json").read_text())
+    assert not any(p.startswith("runs/") for p in record["code"]["files"])
