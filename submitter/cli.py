@@ -20,7 +20,8 @@ from submitter import __version__
 from submitter.cli_help import GroupedCommand
 from submitter.cli_options import (NAMESPACE_HELP, apply_options, cluster_options, context_namespace_options,
                                    add_params, default_namespace, given_settings, job_option,
-                                   request_timeout, shown_default, spec_namespace)
+                                   refuse_local_dry_run, request_timeout, shown_default,
+                                   spec_namespace, subcommand_context)
 from submitter.contract.errors import SubmitterError, UsageError
 from submitter.contract.spec import LOCAL_DEFAULTS, JobSpec, defaults, local_default_flags
 
@@ -138,7 +139,7 @@ class _Group(click.Group):
             click.echo(f"error: {e}", err=True)
             ctx.exit(e.exit_code)
         except click.UsageError as e:  # click's own (unknown option, missing value): one line too
-            where = e.ctx.command_path if e.ctx is not None else ctx.command_path
+            where = (e.ctx or subcommand_context(self, ctx) or ctx).command_path
             message = " ".join(e.format_message().split())
             click.echo(f"error: {message} (see: {where} --help)", err=True)
             ctx.exit(e.exit_code)
@@ -230,6 +231,12 @@ def render(output: str | None, output_dir: str | None, helm_values: bool,
                       from_context=namespace_from_context)
     plan = render_plan(spec)  # storage policy first: nothing is written when it refuses
     grace_warning(spec)
+    if spec.script is not None:
+        from submitter.code_plan import storage_note
+
+        note = storage_note(spec)
+        if note:
+            click.echo(note, err=True)
     if helm_values:
         from submitter.helm_code import helm_values, upload_line
         from submitter.plan import to_yaml
@@ -335,6 +342,7 @@ def submit(local: bool, dry_run: str, watch_after: bool, output: str, kube_conte
       submitter submit --name my-run --script train.py -- --lr 3e-4   # your own Ray Train script
     """
     options = with_script_argv(options, script_argv)
+    refuse_local_dry_run("submit", local, dry_run)
     if local:
         from submitter.local import run_local
 

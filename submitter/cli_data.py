@@ -14,8 +14,8 @@ from typing import Any, Callable
 import click
 
 from submitter.cli_help import GroupedCommand
-from submitter.cli_options import (add_params, apply_options, cluster_options, given_settings, job_option,
-                                   request_timeout, shown_default)
+from submitter.cli_options import (HintGroup, add_params, apply_options, cluster_options, given_settings, job_option,
+                                   refuse_local_dry_run, request_timeout, shown_default)
 from submitter.contract.data_path import PREPARED, data_path
 from submitter.contract.errors import UsageError
 from submitter.contract.spec import JobSpec, defaults
@@ -69,7 +69,7 @@ def prepare_flags(options: dict[str, Any]) -> dict[str, Any]:
     return flags
 
 
-@click.group()
+@click.group(cls=HintGroup)
 def data() -> None:
     """Prepared corpora: a source tokenized once onto the runs' storage.
 
@@ -107,6 +107,7 @@ def prepare(local: bool, dry_run: str, watch_after: bool, output: str, kube_cont
           --dataset-config sample-10BT --dry-run=client -o yaml > prepare.yaml   # GitOps
       submitter watch fineweb-edu-10bt
     """
+    refuse_local_dry_run("data prepare", local, dry_run)
     flags = prepare_flags(options)
     if local:
         from submitter.local import run_prepare_local

@@ -33,7 +33,39 @@ def apply_options(func: Callable[..., Any]) -> Callable[..., Any]:
     return click.option("--dry-run", type=click.Choice(["none", "client", "server"]),
                         default="none",
                         help="client: print the objects (GitOps), change nothing; server: let "
-                             "the API server validate them without persisting")(func)
+                             "the API server validate them without persisting; refused with "
+                             "--local (exit 2): a local run applies no objects, so there is "
+                             "nothing to dry-run")(func)
+
+
+def refuse_local_dry_run(command: str, local: bool, dry_run: str) -> None:
+    """`--dry-run` with `--local` is meaningless (a local run applies no objects, it trains);
+    before this it was ignored and trained for real. One line, exit 2, nothing written."""
+    if local and dry_run != "none":
+        raise UsageError(f"{command} --local --dry-run={dry_run}: a local run applies no objects, "
+                         "so there is nothing to dry-run; drop --local to see the cluster's "
+                         "objects, or drop --dry-run to run here")
+
+
+def subcommand_context(group: click.Group, ctx: click.Context) -> click.Context | None:
+    """The context of the subcommand a parse error came from. Why: click raises an option's
+    missing value (`--dry-run` with no value) without a context, and the hint must name that
+    command's --help (which lists the option), not the group's."""
+    name = ctx.invoked_subcommand
+    command = group.get_command(ctx, name) if name and name != "*" else None
+    return None if command is None else click.Context(command, info_name=name, parent=ctx)
+
+
+class HintGroup(click.Group):
+    """A command group whose subcommands' context-less parse errors get their context (see
+    subcommand_context), so the top-level one-line error points at the right --help."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except click.UsageError as e:
+            e.ctx = e.ctx or subcommand_context(self, ctx) or ctx
+            raise
 
 
 def kubeconfig_options(func: Callable[..., Any]) -> Callable[..., Any]:

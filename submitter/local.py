@@ -60,6 +60,11 @@ def local_spec(file_values: Mapping[str, Any], flags: Mapping[str, Any],
     return JobSpec.build(values, **overrides)
 
 
+#: A setting that makes local defaults moot: `--data` trains on its files, so the default
+#: --dataset is not what the run reads and must not be named as taken.
+SUPERSEDES: dict[str, tuple[str, ...]] = {"data": ("dataset", "dataset_config")}
+
+
 def local_defaults_line(file_values: Mapping[str, Any], flags: Mapping[str, Any],
                         spec: JobSpec) -> Optional[str]:
     """The run's first line: which settings came from LOCAL_DEFAULTS (neither a flag nor the job
@@ -69,7 +74,8 @@ def local_defaults_line(file_values: Mapping[str, Any], flags: Mapping[str, Any]
     if spec.script is not None:
         return None
     given = {*normalize_keys(file_values), *flags}
-    taken = [k for k in LOCAL_DEFAULTS if k not in given]
+    unused = {k for g in given for k in SUPERSEDES.get(g, ())}  # set, but not what trains
+    taken = [k for k in LOCAL_DEFAULTS if k not in given and k not in unused]
     if not taken:
         return None
     return (f"local defaults (not given): {local_default_flags(taken)}; a flag or -f sets any "
@@ -105,9 +111,11 @@ def run_local(file_values: Mapping[str, Any], flags: Mapping[str, Any], output: 
     out = stream or sys.stdout
     view = JsonView(out) if output == "json" else (
         RichView(out) if _is_tty(out) else PlainView(out))
-    line = local_defaults_line(file_values, flags, spec)
-    if line:
-        view.notice(line)
+    from submitter.code_plan import storage_note
+
+    for line in (local_defaults_line(file_values, flags, spec), storage_note(spec)):
+        if line:
+            view.notice(line)
     with view:
         outcome = follow_child(spec, storage, view)
     view.summary(outcome)
@@ -131,7 +139,8 @@ def run_prepare_local(flags: Mapping[str, Any], output: str = "text",
         outcome = follow_child(spec, storage, view, [sys.executable, "-m", "training.prepare"])
     given = f" --storage-path {storage}" if flags.get("storage_path") else ""
     lines = ([f"train on it: submitter submit --local --data {spec.name}{given}"]
-             if outcome.ok else [f"prepare failed: {outcome.error}"])
+             if outcome.ok else [f"prepare {'refused' if outcome.exit_code == 2 else 'failed'}: "
+                                 f"{outcome.error}"])
     for line in lines:
         (sys.stderr if output == "json" else out).write(line + "\n")
     return outcome.exit_code
@@ -181,7 +190,7 @@ def follow_child(spec: JobSpec, storage: str, view: "PlainView",
     ok = code == 0 and state.status == "finished"
     program = " ".join(["python", *command[1:]])
     error = None if ok else (state.error or (
-        f"{program} refused to start (exit 2: the reason is the error line above)"
+        f"the reason is the error line above ({program} exited 2 before training)"
         if code == 2 else f"{program} exited with code {code}"))
     return LocalOutcome(ok, state, run_dir, error, 0 if ok else (2 if code == 2 else 1))
 
@@ -244,8 +253,8 @@ def summary_lines(outcome: Any) -> list[str]:
     """The end of the output: final metrics and where the checkpoints are."""
     s = outcome.state
     if not outcome.ok:
-        return [f"training failed: {outcome.error}",
-                f"events and any checkpoints: {outcome.run_dir}"]
+        return failure_lines(outcome.error, outcome.run_dir,
+                             refused=getattr(outcome, "exit_code", 1) == 2)
     m = s.metrics
     kept = sorted(d for d in _listdir(outcome.run_dir)
                   if d.startswith("checkpoint_") and os.path.isdir(os.path.join(outcome.run_dir, d)))
@@ -263,11 +272,38 @@ def summary_lines(outcome: Any) -> list[str]:
     return lines
 
 
+def require_run(name: str, storage_path: str, namespace: Optional[str] = None) -> None:
+    """A run looked up by name on a mounted storage path must exist: NotFound (exit 6, the
+    table's code for a run that does not exist) names where it was looked for. An object-store
+    path is left to the command (export refuses it with its own fix)."""
+    from submitter.contract.errors import NotFound
+
+    if "://" in storage_path and not storage_path.startswith("file://"):
+        return
+    base = os.path.abspath(storage_path.removeprefix("file://"))
+    run_dir = os.path.join(base, *([namespace] if namespace else []), name)
+    if not os.path.isdir(run_dir):
+        raise NotFound(f"no run {name} at {run_dir}; check the name, --storage-path and "
+                       "--namespace (a cluster run is under <storage>/<namespace>/<name>)")
+
+
+def failure_lines(error: Optional[str], run_dir: str, refused: bool) -> list[str]:
+    """A run that did not finish: a refusal (exit 2: bad input, nothing trained) says it was
+    refused, not that training failed; the run's folder is named only when it exists, so the
+    last line never points at something that was not written."""
+    lines = [f"run refused: {error}" if refused else f"training failed: {error}"]
+    if os.path.isdir(run_dir):
+        lines.append(f"events and any checkpoints: {run_dir}")
+    return lines
+
+
 def run_export(name: str, storage_path: str, output: str, namespace: Optional[str] = None,
                checkpoint: Optional[str] = None) -> int:
     """`submitter export`: `python -m training export ...` as a child process (this process
     never imports torch); its output and exit code are the command's."""
     JobSpec.build(name=name)  # the same name rules as submit (exit 2 with the fix)
+    if checkpoint is None:
+        require_run(name, storage_path, namespace)  # exit 6 before asking for torch
     require_training_stack("submitter export")
     argv = [*child_command(), "export", name, "--storage-path", storage_path, "-o", output]
     argv += ["--namespace", namespace] if namespace else []

@@ -15,7 +15,7 @@ import shlex
 from dataclasses import dataclass
 from typing import Optional
 
-from submitter.contract.errors import UsageError
+from submitter.contract.errors import NotFound, UsageError
 from submitter.contract.naming import JOB_LABEL
 from submitter.contract.storage import scheme_of
 
@@ -34,11 +34,12 @@ class Board:
 
 def board(name: str, storage_path: Optional[str], namespace: Optional[str], port: int,
           cwd: str, exists=os.path.isdir) -> Board:
-    """Where NAME's event files are and how to serve them (raises UsageError, exit 2)."""
+    """Where NAME's event files are and how to serve them (raises NotFound, exit 6, for a run
+    that does not exist; UsageError, exit 2, for one without TensorBoard files)."""
     if storage_path is None:
         storage_path = os.path.join(cwd, "runs")
         if not exists(os.path.join(storage_path, name)):
-            raise UsageError(f"no local run {name} under {storage_path}; for a cluster run pass "
+            raise NotFound(f"no local run {name} under {storage_path}; for a cluster run pass "
                              "its --storage-path (the bucket URI, or the PVC path) and -n")
     base = storage_path.rstrip("/")
     parts = [base, namespace, name, TENSORBOARD_DIR] if namespace else [base, name, TENSORBOARD_DIR]
@@ -48,6 +49,10 @@ def board(name: str, storage_path: Optional[str], namespace: Optional[str], port
     if remote or exists(logdir):
         return Board(logdir, argv, [shlex.join(argv)])
     if namespace is None:
+        if not exists(os.path.join(base, name)):  # no such run: exit 6, as report and logs
+            raise NotFound(f"no run {name} under {storage_path} (no {os.path.join(base, name)}); "
+                           "check the name and --storage-path (a cluster run on a PVC: add -n "
+                           "NAMESPACE)")
         raise UsageError(f"no TensorBoard files at {logdir}: is {name} a run under "
                          f"{storage_path}? (a cluster run on a PVC: add -n NAMESPACE)")
     pod = f"$(kubectl -n {shlex.quote(namespace)} get pod -l {JOB_LABEL}={name},{HEAD_SELECTOR} -o name)"

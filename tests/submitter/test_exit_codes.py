@@ -119,3 +119,28 @@ def test_help_and_docs_print_the_one_table(runner):
     for code, meaning in errors.EXIT_CODES:
         assert f"{code} {' '.join(meaning.replace('`', '').split())}" in text, code
         assert f"| **{code}** | {meaning} |" in page
+
+
+@pytest.mark.parametrize("argv", [
+    ["export", "nosuch", "--storage-path", "{runs}", "-o", "{out}"],
+    ["tensorboard", "nosuch", "--storage-path", "{runs}", "--print"],
+    ["tensorboard", "nosuch", "--print"],  # the default ./runs
+    ["report", "nosuch", "--storage-path", "{runs}"],
+    ["logs", "nosuch", "--storage-path", "{runs}"],
+], ids=["export", "tensorboard", "tensorboard-default", "report", "logs"])
+def test_a_run_looked_up_by_name_that_does_not_exist_exits_6(runner, tmp_path, monkeypatch, argv):
+    """The table's code for a run that does not exist, whichever command looks it up."""
+    (tmp_path / "runs").mkdir()
+    monkeypatch.chdir(tmp_path)
+    args = [a.format(runs=tmp_path / "runs", out=tmp_path / "x-hf") for a in argv]
+    result = runner.invoke(main, args)
+    assert result.exit_code == errors.NOT_FOUND, result.output
+    assert "nosuch" in result.output.strip().splitlines()[-1]  # the error line names it
+    assert not (tmp_path / "x-hf").exists()
+
+
+@pytest.mark.parametrize("argv", [["submit"], ["data", "prepare"]])
+def test_an_option_without_its_value_points_at_the_commands_help(runner, argv):
+    result = runner.invoke(main, [*argv, "--dry-run"])
+    assert result.exit_code == 2 and result.output.count("\n") == 1
+    assert f"see: {' '.join(['main', *argv])} --help" in result.output

@@ -124,6 +124,9 @@ sys.path.insert(0, os.environ["FAKE_ROOT"])
 from submitter.contract import events as ev
 from submitter.contract.spec import JobSpec
 spec = JobSpec.from_document(os.environ["SUBMITTER_JOB"])
+if os.environ.get("FAKE_MODE") == "refuse":  # a refusal before anything is written
+    print("error: refused for a reason", file=sys.stderr, flush=True)
+    sys.exit(2)
 print("storage: " + spec.storage_path + " (local directory)", flush=True)
 def emit(seq, type_, **fields):
     print(ev.to_stdout_line(ev.make_event(type_, seq=seq, **fields)), flush=True)
@@ -291,3 +294,37 @@ def test_submit_local_runs_end_to_end_offline(storage, tmp_path, monkeypatch):
     # W&B: the offline run in the run directory
     wandb_id = json.loads((run_dir / "wandb.json").read_text())["id"]
     assert list(run_dir.glob(f"wandb/offline-run-*/run-{wandb_id}.wandb"))
+
+
+def test_a_refusal_says_refused_and_names_no_folder_it_did_not_write(runner, storage,
+                                                                    fake_entrypoint):
+    from submitter.cli import main
+
+    fake_entrypoint.setenv("FAKE_MODE", "refuse")
+    result = runner.invoke(main, ["submit", "--local", "--storage-path", str(storage),
+                                  "--name", "never"])
+    assert result.exit_code == 2, result.output
+    assert not (storage / "never").exists()
+    assert "training failed" not in result.output and str(storage / "never") not in result.output
+    assert "refused" in result.stdout.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize("argv", [["submit", "--local", "--name", "dry"],
+                                  ["data", "prepare", "--local", "--name", "dry"]])
+@pytest.mark.parametrize("mode", ["client", "server"])
+def test_dry_run_with_local_is_refused_in_one_line_and_writes_nothing(runner, storage, monkeypatch,
+                                                                      argv, mode):
+    from submitter.cli import main
+
+    def ran(*args, **kwargs):
+        raise AssertionError("a --dry-run started the local run")
+
+    monkeypatch.setattr(local, "follow_child", ran)
+    monkeypatch.setattr(local, "require_training_stack", lambda *what: None)
+    monkeypatch.chdir(storage)
+    result = runner.invoke(main, [*argv, f"--dry-run={mode}"])
+    assert result.exit_code == 2, result.output
+    assert len(result.stderr.strip().splitlines()) == 1 and "--dry-run" in result.stderr
+    assert list(storage.iterdir()) == []
+    helps = runner.invoke(main, [*argv[:-2], "--help"]).output
+    assert "refused with --local" in " ".join(helps.split())

@@ -88,3 +88,15 @@ def test_nothing_left_to_the_local_defaults_says_nothing(runner, storage, docume
     result = runner.invoke(main, ["submit", "--local", "-f", str(job), "--storage-path", str(storage)])
     assert result.exit_code == 0, result.output
     assert "local defaults" not in result.output
+
+
+def test_data_given_names_no_default_dataset(runner, storage, documents):
+    """--data trains on its files: the default --dataset is not what the run reads."""
+    corpus = storage / "wiki.txt"
+    corpus.write_text("some text to train on\n" * 50)
+    result = runner.invoke(main, ["submit", "--local", "--storage-path", str(storage),
+                                  "--data", str(corpus)])
+    assert result.exit_code == 0, result.output
+    line = _first_line(result)
+    assert line.startswith("local defaults (not given): ")
+    assert "--dataset" not in line and "--model tiny" in line.replace("=", " ")

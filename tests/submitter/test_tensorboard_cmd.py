@@ -7,7 +7,7 @@ import os
 import pytest
 
 from submitter.cli import main
-from submitter.contract.errors import UsageError
+from submitter.contract.errors import NotFound
 from submitter.tensorboard_cmd import board
 
 
@@ -32,7 +32,7 @@ def test_a_pvc_run_gets_the_head_pod_and_the_port_forward_line(tmp_path):
 
 
 def test_no_such_local_run_is_one_line(tmp_path):
-    with pytest.raises(UsageError, match="no local run demo under"):
+    with pytest.raises(NotFound, match="no local run demo under"):
         board("demo", None, None, 6006, str(tmp_path))
 
 
@@ -43,7 +43,7 @@ def test_cli_prints_or_refuses_with_one_line(runner, tmp_path, monkeypatch):
     assert r.exit_code == 0 and r.output.strip() == \
         f"tensorboard --logdir {tmp_path}/runs/demo/tensorboard --port 6006"
     r = runner.invoke(main, ["tensorboard", "missing"])
-    assert r.exit_code == 2 and r.output.count("\n") == 1 and "no local run missing" in r.output
+    assert r.exit_code == 6 and r.output.count("\n") == 1 and "no local run missing" in r.output
     r = runner.invoke(main, ["tensorboard", "Bad_Name"])
     assert r.exit_code == 2
     monkeypatch.setenv("PATH", str(tmp_path))  # no tensorboard here: the pip line, exit 2

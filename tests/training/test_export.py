@@ -16,7 +16,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from submitter.contract.errors import UsageError  # noqa: E402
+from submitter.contract.errors import NotFound, UsageError  # noqa: E402
 from training.run.checkpoint_io import load_state, save_state  # noqa: E402
 from training.gpt2.export import (TOKENIZER_INFO, check_registered, export_checkpoint,  # noqa: E402
                              latest_checkpoint, prompt_from, sample_text)
@@ -155,7 +155,7 @@ def test_latest_checkpoint_is_the_highest_registered_step(tmp_path):
     lines: list[str] = []
     assert latest_checkpoint(str(tmp_path), lines.append).endswith("checkpoint_epoch002_step0000080")
     assert lines == []
-    with pytest.raises(UsageError, match="no run"):
+    with pytest.raises(NotFound, match="no run"):  # exit 6: a run that does not exist
         latest_checkpoint(str(tmp_path / "absent"))
 
 
@@ -199,7 +199,7 @@ def test_submitter_export_runs_python_m_training_export(tmp_path, runner):
     assert len(again.stderr.strip().splitlines()) == 1
     missing = runner.invoke(main, ["export", "nope", "--storage-path", str(tmp_path / "runs"),
                                    "-o", str(tmp_path / "hf2")])
-    assert missing.exit_code == 2
+    assert missing.exit_code == 6  # the exit-code table: a run that does not exist
 
 
 def test_without_a_run_record_the_padded_configs_tokenizer_size_decides(tmp_path):

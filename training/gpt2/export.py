@@ -26,7 +26,7 @@ import re
 import shutil
 from typing import Any, Callable, Mapping, Optional, Sequence
 
-from submitter.contract.errors import UsageError
+from submitter.contract.errors import NotFound, UsageError
 from training.run.checkpoint_io import STATE_FILE, load_state
 
 #: The prompt of a sample when the run's data gives none, and how many tokens a sample adds.
@@ -72,7 +72,7 @@ def latest_checkpoint(run_dir: str, notice: Callable[[str], None] = print) -> st
     try:
         names = os.listdir(run_dir)
     except OSError:
-        raise UsageError(f"no run at {run_dir}; check the name, --storage-path and --namespace") from None
+        raise NotFound(f"no run at {run_dir}; check the name, --storage-path and --namespace") from None
     found = []
     for name in names:
         m = _CKPT.match(name)
