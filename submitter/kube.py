@@ -147,6 +147,9 @@ class Kube:
         in_pod = "KUBERNETES_SERVICE_HOST" in os.environ and not (
             self._kubeconfig or self._context or os.environ.get("KUBECONFIG")
             or os.path.exists(os.path.expanduser("~/.kube/config")))
+        missing = self._missing_kubeconfig(in_pod)
+        if missing:
+            raise UsageError(missing)
         try:
             if in_pod:
                 config.load_incluster_config(client_configuration=configuration)
@@ -164,6 +167,22 @@ class Kube:
                              "--kubeconfig/--context, or run inside a pod") from e
         configuration.retries = False  # `request` retries itself, within the deadline
         return client.ApiClient(configuration)
+
+    def _missing_kubeconfig(self, in_pod: bool) -> str | None:
+        """A kubeconfig that does not exist said as such (the client calls it "Invalid
+        kube-config file", which sends a new user hunting for a syntax error)."""
+        if in_pod:
+            return None
+        given = self._kubeconfig or os.environ.get("KUBECONFIG")
+        paths = [p for p in (given.split(os.pathsep) if given else ["~/.kube/config"]) if p]
+        if any(os.path.exists(os.path.expanduser(p)) for p in paths):
+            return None
+        what = (f"--kubeconfig {given}" if self._kubeconfig else f"KUBECONFIG={given}" if given
+                else "~/.kube/config")
+        return (f"{what} does not exist: no cluster to talk to. Point at one with --kubeconfig FILE "
+                "or KUBECONFIG=FILE (your cloud's CLI writes it: aws eks update-kubeconfig, gcloud "
+                "container clusters get-credentials, az aks get-credentials), or run locally with "
+                "--local")
 
     @property
     def host(self) -> str:

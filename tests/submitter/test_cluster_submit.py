@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 import yaml
 
 from submitter.cli import main
@@ -288,3 +290,22 @@ def test_retries_are_ours_within_the_deadline_not_urllib3s(kube):
     """urllib3's Retry would multiply each attempt's read timeout; Kube.request retries itself."""
     assert kube.api.rest_client.pool_manager.connection_pool_kw["retries"].total is False
     assert kube.request_timeout == 30.0
+
+
+@pytest.mark.parametrize("how", ["flag", "env", "home"])
+def test_a_kubeconfig_that_does_not_exist_says_so(tmp_path, runner, monkeypatch, how):
+    """Not "Invalid kube-config file" (the client's words for a file that is not there)."""
+    missing = tmp_path / "nope" / "config"
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.delenv("KUBECONFIG", raising=False)
+    if how == "env":
+        monkeypatch.setenv("KUBECONFIG", str(missing))
+    if how == "home":
+        monkeypatch.setenv("HOME", str(tmp_path))
+    args = ["submit", "--name", "gpt2-demo"] + (["--kubeconfig", str(missing)] if how == "flag" else [])
+    result = runner.invoke(main, args)
+    assert result.exit_code == 2, result.output
+    line = result.output.strip()
+    assert line.count("\n") == 0 and "does not exist" in line and "Invalid" not in line, line
+    assert {"flag": f"--kubeconfig {missing}", "env": f"KUBECONFIG={missing}",
+            "home": "~/.kube/config"}[how] in line
