@@ -22,7 +22,7 @@ from submitter.plan import Plan, to_yaml
 from submitter.contract import naming
 from submitter.render import render
 from submitter.contract.spec import JobSpec
-from submitter.state import JobState, job_state, join
+from submitter.state import JobState, job_state, join, progress_from_configmap
 
 JOB_LABEL = naming.JOB_LABEL
 
@@ -132,7 +132,21 @@ def watch_job(kube: Kube, namespace: str, name: str, *, output: str = "text", ti
         return 130
     if final.state == "SUCCEEDED" and final.note:
         err.write(f"{name}: {final.note}\n")
+    if final.exit_code and final.progress.error is None:
+        final = with_latest_progress(kube, final)
     return outcome(final)
+
+
+def with_latest_progress(kube: Kube, state: JobState) -> JobState:
+    """The state with the progress ConfigMap read once more: the RayJob's end and the run's
+    last event (run_failed, with the error) come through two watches, in no set order."""
+    from dataclasses import replace
+
+    try:
+        configmap = kube.find("ConfigMap", state.namespace, job_names(state.name, state.namespace)["progress"])
+    except ClusterError:
+        return state  # best effort: the failure is reported either way
+    return replace(state, progress=progress_from_configmap(configmap)) if configmap else state
 
 
 def next_steps(name: str, namespace: str, pvc: str | None) -> str:
@@ -461,7 +475,11 @@ def outcome(state: JobState) -> int:
 
     if state.exit_code:
         detail = ", ".join(x for x in (state.reason, state.message, state.note) if x)
-        raise JobFailed(f"{state.name} ended {state.state}{': ' + detail if detail else ''}")
+        # KubeRay's message ends with the driver's last logs, whose order Ray's log shipping
+        # decides (a late "Connected to Ray cluster" line): the run's own error goes last
+        error = state.progress.error
+        last = f"\n{state.name}: {error}" if error and detail.rstrip().splitlines()[-1:] != [error] else ""
+        raise JobFailed(f"{state.name} ended {state.state}{': ' + detail if detail else ''}{last}")
     return 0
 
 

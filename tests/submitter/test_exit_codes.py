@@ -144,3 +144,43 @@ def test_an_option_without_its_value_points_at_the_commands_help(runner, argv):
     result = runner.invoke(main, [*argv, "--dry-run"])
     assert result.exit_code == 2 and result.output.count("\n") == 1
     assert f"see: {' '.join(['main', *argv])} --help" in result.output
+
+
+def test_a_failed_jobs_last_line_is_the_runs_own_error():
+    """Seen on the real operator: KubeRay's message ends with the driver's last logs, in the
+    order Ray ships them (a late "Connected to Ray cluster" line), so the line a user reads
+    last must be the run's error from its run_failed event, whatever the logs' order."""
+    from dataclasses import replace
+
+    from submitter.cluster import outcome
+    from submitter.contract.errors import JobFailed
+    from submitter.contract.events import ProgressState
+    from submitter.state import JobState
+
+    error = "RuntimeError: batch does not fit (rank 0; 2 workers failed)"
+    state = JobState("j", "ns", "FAILED", reason="AppFailed", progress=replace(ProgressState(), error=error),
+                     message="Job entrypoint command failed, last logs:\nTraceback ...\n"
+                             "INFO worker.py -- Connected to Ray cluster.")
+    with pytest.raises(JobFailed) as e:
+        outcome(state)
+    assert str(e.value).splitlines()[-1] == f"j: {error}"
+    assert "Connected to Ray cluster" in str(e.value)  # the logs stay, above it
+    with pytest.raises(JobFailed) as e:
+        outcome(replace(state, progress=ProgressState()))  # no run_failed event: KubeRay's words last
+    assert str(e.value).splitlines()[-1].endswith("Connected to Ray cluster.")
+
+
+def test_a_failed_job_reads_its_progress_once_more_for_the_runs_error(api, kube):
+    """The RayJob's end and the run's run_failed event arrive through two watches in no set
+    order: the failure's last line reads the ConfigMap again rather than go without it."""
+    from submitter.cluster import with_latest_progress
+    from submitter.contract import events as ev
+    from submitter.contract import naming
+    from submitter.state import JobState
+
+    lines = ev.to_json(ev.make_event("run_failed", seq=1, error="ValueError: bad shard")) + "\n"
+    api.emulator.put("v1", "configmaps", {"metadata": {"name": "j-progress", "namespace": "default"},
+                                          "data": {naming.CONFIGMAP_EVENTS_KEY: lines}})
+    state = with_latest_progress(kube, JobState("j", "default", "FAILED"))
+    assert state.progress.error == "ValueError: bad shard"
+    assert with_latest_progress(kube, JobState("gone", "default", "FAILED")).progress.error is None
