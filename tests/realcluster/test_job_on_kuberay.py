@@ -175,3 +175,23 @@ def test_authoptions_on_an_operator_without_it_is_refused_in_one_line_exit_10(co
     assert len(line) == 1 and "authOptions" in line[0] and "1.5.1" in line[0] and "nothing was written" in line[0], line
     assert cp.rayjob("rc-auth") is None
     assert not [c for c in cp.core.list_namespaced_config_map(NAMESPACE).items if c.metadata.name.startswith("rc-auth")]
+
+
+def test_a_foreign_object_with_the_jobs_name_is_refused_and_left_alone(control_plane, tmp_path):
+    """Another team's ConfigMap holds the name the job's progress ConfigMap would take: submit
+    refuses in one line, and neither it nor anything of the job is written."""
+    cp, name = control_plane, "rc-taken"
+    theirs = cp.core.create_namespaced_config_map(NAMESPACE, {
+        "metadata": {"name": f"{name}-progress", "labels": {"team": "other"}}, "data": {"k": "v"}})
+    try:
+        result = cp.submitter("submit", "-f", str(job_file(tmp_path, name=name)))
+        assert result.returncode == 2, result.stdout + result.stderr
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and f"configmap/{name}-progress" in lines[0] and "not job" in lines[0], lines
+        kept = cp.core.read_namespaced_config_map(f"{name}-progress", NAMESPACE)
+        assert kept.metadata.resource_version == theirs.metadata.resource_version and kept.data == {"k": "v"}
+        assert cp.rayjob(name) is None
+        assert not [c for c in cp.core.list_namespaced_persistent_volume_claim(NAMESPACE).items
+                    if c.metadata.name.startswith(name)]
+    finally:
+        cp.core.delete_namespaced_config_map(f"{name}-progress", NAMESPACE)
