@@ -68,7 +68,6 @@ import contextlib
 import json
 import math
 import os
-import re
 import secrets
 import shutil
 import shlex
@@ -89,6 +88,7 @@ from typing import Any, Iterator
 import aiohttp.web
 import kmock
 
+from tests.support.kubelet.env import quantity
 from tests.support.kube_emulator import (RAYJOBS, ApiEmulator, Route, _status, _verb,
                                          parse_route, running_emulator)
 
@@ -177,18 +177,6 @@ def running_rbac_emulator(**kwargs: Any) -> Iterator[Any]:
 
 
 # --- quantities, env, ports -------------------------------------------------------------------
-
-_SUFFIX = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "k": 10**3, "M": 10**6, "G": 10**9,
-           "T": 10**12, "m": 1e-3, "": 1}
-
-
-def quantity(text: Any) -> float:
-    """A Kubernetes resource quantity ("500m", "3Gi", 2) as a number."""
-    match = re.fullmatch(r"([0-9.]+)([A-Za-z]*)", str(text))
-    if not match or match.group(2) not in _SUFFIX:
-        raise ValueError(f"not a quantity: {text!r}")
-    return float(match.group(1)) * _SUFFIX[match.group(2)]
-
 
 def free_port() -> int:
     with socket.socket() as s:

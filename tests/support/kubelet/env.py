@@ -20,6 +20,7 @@ class ConfigError(Exception):
 
 
 def quantity(text: Any) -> float:
+    """A Kubernetes resource quantity ("500m", "3Gi", 2) as a number (also the stand-in's)."""
     match = re.fullmatch(r"([0-9.]+)([A-Za-z]*)", str(text))
     if not match or match.group(2) not in _SUFFIX:
         raise ValueError(f"not a quantity: {text!r}")

@@ -10,6 +10,7 @@ import logging
 import re
 import signal
 import ssl
+import sys
 import threading
 import time
 import urllib.parse
@@ -304,8 +305,6 @@ def _follow(path: Path, offset: int, container, out, stamps: bool) -> None:
 def main(root: Path) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     state = json.loads((root / "state.json").read_text())
-    import sys
-
     python_bin = Path(sys.executable).parent
     shared_bpe = Path(__file__).resolve().parents[3].parent / "shared" / "data" / "gpt2.tiktoken"
     image_files = {"/opt/submitter/gpt2.tiktoken": shared_bpe} if shared_bpe.exists() else {}

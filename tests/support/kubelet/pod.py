@@ -419,6 +419,7 @@ class PodWorker(threading.Thread):
         self.transitions: dict[str, tuple[str, str]] = {}
         self.delete_grace: float | None = None
         self.finished = threading.Event()  # the final delete is done
+        self._torn_down = False
         self._dirty = threading.Event()
         self._pushed: dict | None = None
         self._wake = threading.Event()
@@ -588,7 +589,11 @@ class PodWorker(threading.Thread):
             t.join(grace + 30)
 
     def _teardown(self) -> None:
-        """Release the network namespace and the mounts (the logs stay until the final delete)."""
+        """Release the network namespace and the mounts (the logs stay until the final delete);
+        once, whether the pod ended by itself or was deleted."""
+        if self._torn_down:
+            return
+        self._torn_down = True
         if self.ip:
             subprocess.run(["ip", "netns", "delete", self.netns], capture_output=True)
             subprocess.run(["ip", "link", "delete", f"v{self.uid[:8]}"], capture_output=True)
