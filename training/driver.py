@@ -196,11 +196,13 @@ def quiet_logs() -> None:
 
 
 def worker_setup() -> None:
-    """Every Ray process's setup hook: quiet logs, and SIGTERM as a preemption request while
-    a training loop runs (training.run.preempt)."""
+    """Every Ray process's setup hook: quiet logs, its own Ray's address (training.run.own_ray),
+    and SIGTERM as a preemption request while a training loop runs (training.run.preempt)."""
+    from training.run.own_ray import pin_address
     from training.run.preempt import install_in_ray_worker
 
     quiet_logs()
+    pin_address()
     install_in_ray_worker()
 
 

@@ -18,6 +18,7 @@ import time
 import pytest
 
 from tests.conftest import ROOT
+from tests.support.decoy_ray import decoy_raylet
 from training import prestop
 
 pytestmark = pytest.mark.slow
@@ -105,10 +106,12 @@ def test_a_torch_trainer_script_gets_storage_events_and_resume(storage, tmp_path
 
     run_dir = storage / "reg"
     crash = tmp_path / "crashed-once"
-    first = _submit(storage, "reg", SCRIPTS / "torch_regression.py", "--epochs", "4",
-                    "--crash-once", str(crash),
-                    "--crash-after-saved", str(run_dir / "events.jsonl"))
+    with decoy_raylet(tmp_path):  # another Ray on the machine: never this run's business
+        first = _submit(storage, "reg", SCRIPTS / "torch_regression.py", "--epochs", "4",
+                        "--crash-once", str(crash),
+                        "--crash-after-saved", str(run_dir / "events.jsonl"))
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    assert "multiple active Ray instances" not in first.stdout + first.stderr
     assert crash.exists()  # rank 1 really died once
     events = _events(run_dir)
     types = [e["type"] for e in events]

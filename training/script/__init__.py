@@ -65,5 +65,9 @@ def _poll_hub(ray: object, every: float) -> None:
 
 def worker_setup() -> None:
     """Ray's `worker_process_setup_hook` for script jobs: SIGTERM goes through training.run.preempt,
-    which keeps Ray's "exit now" for processes that never asked `should_stop()`."""
+    which keeps Ray's "exit now" for processes that never asked `should_stop()`; its own Ray's
+    address (training.run.own_ray)."""
+    from training.run.own_ray import pin_address
+
+    pin_address()
     preempt.install_in_ray_worker()
