@@ -38,6 +38,10 @@ def spec_options(func: Callable[..., Any]) -> Callable[..., Any]:
     return add_params(func, _spec_params())
 
 
+#: What a local default's note adds where the default depends on other flags.
+_LOCAL_NOTES = {"name": ", with --script the script's (train.py: train)"}
+
+
 @lru_cache(maxsize=1)
 def _spec_params() -> tuple[click.Parameter, ...]:
     """The options in click's decorator order (click reverses them when it builds the command)."""
@@ -51,7 +55,7 @@ def _spec_params() -> tuple[click.Parameter, ...]:
             shown, help_ = "", NAMESPACE_HELP
         if LOCAL_DEFAULTS.get(f.name, default) != default:  # submit --local: a small job
             local = LOCAL_DEFAULTS[f.name]
-            note = f"submit --local: {'none' if local is None else local}"
+            note = f"submit --local: {'none' if local is None else local}{_LOCAL_NOTES.get(f.name, '')}"
             shown = f"{shown[:-1]}; {note}]" if shown else f" [{note}]"
         func = job_option(f, shown, help_)(func)
     func = click.option("-f", "--file", "job_file", metavar="FILE",

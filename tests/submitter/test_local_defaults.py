@@ -37,6 +37,8 @@ def test_submit_help_shows_the_local_defaults(runner):
     assert "[default: gpt2-small; submit --local: tiny]" in text
     assert "[default: 0.0006; submit --local: 0.002]" in text
     assert "[default: 10; submit --local: 5]" in text and "[submit --local: 120]" in text
+    # the name a local run takes: a --script run is named after its script (not gpt2-local)
+    assert "[submit --local: gpt2-local, with --script the script's (train.py: train)]" in text
 
 
 def test_a_local_run_says_which_defaults_it_took(runner, storage, documents):
