@@ -406,7 +406,7 @@ def _prepare(cfg: TrainConfig, hub: Any, notice: Notice, claim: Claim,
     from training.run.checkpoint_events import CheckpointEvents
     from training.gpt2.model import PRESETS, expected_parameters
     from training.gpt2.elastic import scaling_options
-    from training.run.logs import worker_error_logs
+    from training.run.logs import keeping_own_error, worker_error_logs
     from training.run_plan import data_config, plan_run
     from training.data.tokens import get_encoding
 
@@ -441,7 +441,7 @@ def _prepare(cfg: TrainConfig, hub: Any, notice: Notice, claim: Claim,
            f"{cfg.epochs} epoch(s) x {steps_per_epoch} steps")
     resources = train_resources(cfg)
     trainer = TorchTrainer(
-        train_func,
+        keeping_own_error(train_func, run_dir_of(cfg), cfg.job.to_dict()),
         train_loop_config={"config": cfg.to_dict(), "hub": hub, **plan.loop_config(),
                            "vocab_size": encoding.n_vocab, "eot_id": encoding.eot_token,
                            **corpus_loop},
@@ -454,8 +454,8 @@ def _prepare(cfg: TrainConfig, hub: Any, notice: Notice, claim: Claim,
                 num_to_keep=cfg.num_to_keep, checkpoint_score_attribute="val_loss",
                 checkpoint_score_order="min"),
             failure_config=ray.train.FailureConfig(max_failures=cfg.max_failures),
-            callbacks=[CheckpointEvents(hub, run_dir_of(cfg)),
-                       worker_error_logs(run_dir_of(cfg), cfg.job.to_dict())],
+            callbacks=[worker_error_logs(run_dir_of(cfg), cfg.job.to_dict()),
+                       CheckpointEvents(hub, run_dir_of(cfg))],
             logging_config=ray.LoggingConfig(log_level="WARNING")),
         **data_kwargs,
     )

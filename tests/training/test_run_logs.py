@@ -165,6 +165,77 @@ def test_the_ray_train_callback_writes_each_failed_rank(tmp_path, monkeypatch):
     assert SECRET not in (logs / "worker-1.err.log").read_text()
 
 
+def test_a_worker_keeps_its_own_error_before_it_leaves_the_worker(tmp_path, monkeypatch):
+    """On the storage before Ray Train's controller can learn of it, so before the run can be
+    reported failed, whatever the load and whichever controller callback fails (#39 item 7)."""
+    import inspect
+
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET)
+    monkeypatch.setattr(run_logs, "world_rank", lambda: 2)
+    err_log = tmp_path / names.LOGS_DIR / "worker-2.err.log"
+    seen = []
+
+    def train_func(config):
+        seen.append(err_log.exists())
+        raise ValueError(f"bad batch {config['n']} {SECRET}")
+
+    wrapped = run_logs.keeping_own_error(train_func, str(tmp_path), {})
+    assert list(inspect.signature(wrapped).parameters) == ["config"]  # Ray Train passes config by it
+    with pytest.raises(ValueError, match="bad batch 3") as raised:
+        wrapped({"n": 3})
+    assert seen == [False]  # written after the function failed, and the same error re-raised
+    text = err_log.read_text()
+    assert "=== worker rank 2 failed at" in text and "ValueError: bad batch 3 ***" in text
+    assert SECRET not in text and "in train_func" in text  # the worker's own traceback
+    assert raised.value.__traceback__ is not None
+    assert run_logs.keeping_own_error(lambda: 7, str(tmp_path))() == 7
+
+
+def test_a_storage_that_fails_never_hides_the_workers_error(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(run_logs, "append_worker_error",
+                        lambda *a, **k: (_ for _ in ()).throw(OSError("read-only")))
+    with pytest.raises(KeyError):
+        run_logs.keeping_own_error(lambda: {}["x"], str(tmp_path))()
+    assert "cannot keep rank 0's error: read-only" in capsys.readouterr().err
+    try:
+        run_logs.keeping_own_error(lambda: {}["x"], str(tmp_path))()
+    except KeyError as e:
+        assert not run_logs.kept_by_worker(e)  # so the controller keeps it instead
+
+
+def test_the_controller_keeps_only_what_the_workers_could_not(tmp_path):
+    """An error its worker kept (marked, and the mark survives the pickling to the controller,
+    where Ray Train hands over the bare exception) is not written again; a worker that died is
+    kept by the controller."""
+    import pickle
+
+    pytest.importorskip("ray.train")
+    try:
+        run_logs.keeping_own_error(lambda: 1 / 0, str(tmp_path / "w"))()
+    except ZeroDivisionError as e:
+        own = pickle.loads(pickle.dumps(e))
+    callback = run_logs.worker_error_logs(str(tmp_path), {})
+    callback.after_exception(None, {0: own, 1: _raised("actor died unexpectedly")})
+    logs = tmp_path / names.LOGS_DIR
+    assert sorted(os.listdir(logs)) == ["worker-1.err.log"]
+    assert "actor died unexpectedly" in (logs / "worker-1.err.log").read_text()
+    callback.after_exception(None, {0: ZeroDivisionError("not kept by its worker")})
+    assert "not kept by its worker" in (logs / "worker-0.err.log").read_text()
+
+
+def test_a_failure_event_that_cannot_be_forwarded_never_fails_the_run(monkeypatch, capsys):
+    """The script's event callback runs in the controller: a hub that does not answer (a
+    timeout under load) must not turn a worker's error into the controller's own."""
+    pytest.importorskip("ray.train")
+    from training.script.hooks import ScriptEvents
+
+    events = ScriptEvents()
+    monkeypatch.setattr(ScriptEvents, "_hub", lambda self: (_ for _ in ()).throw(
+        TimeoutError("Get timed out: some object(s) not ready")))
+    events.after_exception(None, {1: _raised("bad batch")})
+    assert "cannot forward the workers' failure: Get timed out" in capsys.readouterr().err
+
+
 # --- a bucket ------------------------------------------------------------------------------
 
 def test_in_a_bucket_the_log_is_uploaded_while_running_and_at_the_end(s3_server, tmp_path):

@@ -19,6 +19,7 @@ import pytest
 
 from tests.conftest import ROOT
 from tests.support.decoy_ray import decoy_raylet
+from tests.support.load import busy_cores
 from training import prestop
 
 pytestmark = pytest.mark.slow
@@ -152,8 +153,9 @@ def test_a_torch_trainer_script_gets_storage_events_and_resume(storage, tmp_path
     assert at < 39  # stopped early, by the signal
 
     # the next start resumes from the preemption checkpoint; then rank 1's train_func raises
-    third = _submit(storage, "reg", SCRIPTS / "torch_regression.py", "--epochs", str(at + 3),
-                    "--fail-at", str(at + 2), "--max-failures", "0")
+    with busy_cores():  # another job busy on the same cores: the worker's error is kept still
+        third = _submit(storage, "reg", SCRIPTS / "torch_regression.py", "--epochs", str(at + 3),
+                        "--fail-at", str(at + 2), "--max-failures", "0")
     assert third.returncode == 1, third.stdout[-3000:] + third.stderr[-3000:]
     after = _events(run_dir)[len(events) + len(new):]
     new += after
@@ -171,7 +173,10 @@ def test_a_torch_trainer_script_gets_storage_events_and_resume(storage, tmp_path
     assert shown.stdout.count("=== driver session ") == 3
     assert "script: torch_regression.py" in shown.stdout and "final loss" in shown.stdout
     assert "--- worker-1.err.log ---" in shown.stdout
-    assert f"ValueError: bad batch at epoch {at + 2}" in shown.stdout.split("--- worker-1.err.log")[1]
+    kept = shown.stdout.split("--- worker-1.err.log")[1]
+    assert f"ValueError: bad batch at epoch {at + 2}" in kept
+    assert "in train_func" in kept  # the worker's own traceback, kept by the worker itself
+    assert kept.count(f"ValueError: bad batch at epoch {at + 2}") == 1  # not again by the controller
 
     # a storage_path of the script's own under /tmp: refused before any training, at its line
     refused = _submit(storage, "reg", SCRIPTS / "torch_regression.py", "--storage-path",

@@ -7,8 +7,10 @@ outlive the pods and the Ray cluster (`submitter logs NAME` reads them when the 
   `driver-<stamp>-<pid>.log`, size-capped and rotated. On a PVC or a local path the file is
   written in place; for an object store it is written locally and uploaded every
   UPLOAD_EVERY_S and at the end (objects cannot be appended to).
-- `WorkerErrorLogs`: a Ray Train callback (in the controller) that appends each failed
-  worker's traceback to `worker-<rank>.err.log`.
+- `keeping_own_error`: each worker writes its own training function's traceback to
+  `worker-<rank>.err.log` before the error leaves it (on the storage before the run can be
+  reported failed, whatever the load); `WorkerErrorLogs`, a Ray Train callback in the
+  controller, appends what only the controller sees (a worker that died or stopped answering).
 
 Both drivers keep the same logs the same way: `python -m training` and a `--script` job's runner
 (`python -m training.run_script`) run under `kept_logs(run_dir, job)` and give every trainer
@@ -294,13 +296,64 @@ def append_worker_error(store: LogStore, rank: int, text: str, redact: Redactor,
     store.write(name, data)
 
 
+def world_rank() -> int:
+    """This Ray Train worker's rank (0 outside a worker group)."""
+    try:
+        import ray.train
+
+        return int(ray.train.get_context().get_world_rank())
+    except Exception:  # noqa: BLE001 - not in a worker: one log, rank 0
+        return 0
+
+
+#: Set on an exception its worker kept (an attribute pickles with the exception's __dict__).
+KEPT_MARK = "_submitter_kept_by_worker"
+
+
+def keeping_own_error(train_fn: Callable[..., Any], run_dir: str,
+                      job: Optional[Mapping[str, Any]] = None) -> Callable[..., Any]:
+    """`train_fn` as each worker runs it, writing its own traceback to `worker-<rank>.err.log`
+    before the error leaves the worker. The controller learns of the error only after that
+    (Ray Train polls the workers), so the traceback is on the storage before the run can be
+    reported failed, however late the controller's callbacks run under load, and even when
+    one of them fails. Same signature as `train_fn` (Ray Train passes the config by it)."""
+    import functools
+
+    secret_names = secret_names_of(job)
+
+    @functools.wraps(train_fn)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return train_fn(*args, **kwargs)
+        except BaseException as error:
+            rank = world_rank()
+            try:
+                append_worker_error(LogStore(run_dir), rank, worker_error_text(rank, error),
+                                    Redactor.from_environ(os.environ, secret_names))
+                setattr(error, KEPT_MARK, True)  # the controller need not write it again
+            except Exception as e:  # noqa: BLE001 - the error itself still goes to Ray
+                print(f"run logs: cannot keep rank {rank}'s error: {e}", file=sys.stderr)
+            raise
+
+    run._keeps_own_error = True  # type: ignore[attr-defined]
+    return run
+
+
+def kept_by_worker(error: BaseException) -> bool:
+    """Whether the worker that raised `error` kept it itself (keeping_own_error marks it; the
+    mark travels with the pickled exception to the controller)."""
+    return bool(getattr(error, KEPT_MARK, False))
+
+
 @cache
 def worker_error_logs_class() -> Any:
     """The callback's class (made once: `isinstance` tells a RunConfig that already has one)."""
     from ray.train import UserCallback
 
     class WorkerErrorLogs(UserCallback):
-        """In Ray Train's controller: each failed worker's traceback into its error log."""
+        """In Ray Train's controller: the traceback of each worker that failed without
+        keeping it itself (a process that died, a worker that stopped answering, a training
+        function not wrapped by keeping_own_error) into its error log."""
 
         def __init__(self, run_dir: str, job: Optional[Mapping[str, Any]] = None) -> None:
             self.run_dir, self.secret_names = run_dir, secret_names_of(job)
@@ -310,6 +363,8 @@ def worker_error_logs_class() -> Any:
                 store = LogStore(self.run_dir)
                 redact = Redactor.from_environ(os.environ, self.secret_names)
                 for rank, error in sorted(worker_exceptions.items()):
+                    if kept_by_worker(error):
+                        continue
                     append_worker_error(store, int(rank), worker_error_text(int(rank), error),
                                         redact)
             except Exception as e:  # noqa: BLE001 - never in the way of Ray's failure policy
@@ -319,5 +374,6 @@ def worker_error_logs_class() -> Any:
 
 
 def worker_error_logs(run_dir: str, job: Optional[Mapping[str, Any]] = None) -> Any:
-    """The Ray Train callback that keeps each failed worker's traceback under the run."""
+    """The Ray Train callback that keeps each failed worker's traceback under the run (those
+    the worker did not keep itself)."""
     return worker_error_logs_class()(run_dir, job)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional
@@ -94,10 +95,12 @@ def configure_run_config(kwargs: dict[str, Any], s: Settings) -> dict[str, Any]:
     from training.run.logs import worker_error_logs, worker_error_logs_class
 
     callbacks = list(out.get("callbacks") or [])
+    if not any(isinstance(c, worker_error_logs_class()) for c in callbacks):
+        # first, as the GPT-2 job's trainer: what only the controller sees is kept before any
+        # other callback can fail; the workers keep their own errors (fit() wraps train_fn)
+        callbacks.insert(0, worker_error_logs(s.run_dir, s.job))
     if not any(isinstance(c, ScriptEvents) for c in callbacks):
         callbacks.append(ScriptEvents())
-    if not any(isinstance(c, worker_error_logs_class()) for c in callbacks):
-        callbacks.append(worker_error_logs(s.run_dir, s.job))  # as the GPT-2 job's trainer
     out["callbacks"] = callbacks
     return out
 
@@ -124,7 +127,12 @@ def install(s: Settings) -> None:
     original_fit = DataParallelTrainer.fit
 
     def fit(self: Any, *args: Any, **kwargs: Any) -> Any:
+        from training.run.logs import keeping_own_error
+
         s.fits.append(self)
+        if not getattr(self.train_loop_per_worker, "_keeps_own_error", False):
+            self.train_loop_per_worker = keeping_own_error(self.train_loop_per_worker,
+                                                           s.run_dir, s.job)
         start_hub(self, s)
         if s.on_started is not None:
             s.on_started()
@@ -307,7 +315,10 @@ class ScriptEvents(_ray_user_callback()):  # type: ignore[misc]
         from training.run.failure import line_of
 
         errors = {int(rank): line_of(e)[:200] for rank, e in worker_exceptions.items()}
-        ray.get(self._hub().failed_workers.remote(errors), timeout=60)
+        try:  # an event that cannot be forwarded (the hub busy under load) never fails the run
+            ray.get(self._hub().failed_workers.remote(errors), timeout=60)
+        except Exception as e:  # noqa: BLE001 - the errors are kept under <run>/logs/ regardless
+            print(f"events: cannot forward the workers' failure: {e}", file=sys.stderr)
 
 
 def started() -> bool:
