@@ -32,9 +32,10 @@ def test_a_run_config_gets_the_runs_directory_and_name_and_the_events(tmp_path):
     s = _settings(tmp_path)
     out = hooks.configure_run_config({"callbacks": ["theirs"]}, s)
     assert out["storage_path"] == s.storage_root and out["name"] == "mine"
-    theirs, events, errors = out["callbacks"]
+    errors, theirs, events = out["callbacks"]
     assert theirs == "theirs" and isinstance(events, hooks.ScriptEvents)
-    # each failed worker's traceback under <run>/logs/, by the GPT-2 job's callback
+    # each failed worker's traceback under <run>/logs/, by the GPT-2 job's callback: first,
+    # so that no other callback failing can keep it from the storage
     assert isinstance(errors, worker_error_logs_class()) and errors.run_dir == s.run_dir
     # a RunConfig made with another's callbacks: nothing doubled
     assert hooks.configure_run_config({"callbacks": out["callbacks"]}, s)["callbacks"] == \
