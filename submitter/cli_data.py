@@ -18,7 +18,7 @@ from submitter.cli_options import (HintGroup, add_params, apply_options, cluster
                                    refuse_local_dry_run, request_timeout, shown_default)
 from submitter.contract.data_path import PREPARED, data_path
 from submitter.contract.errors import UsageError
-from submitter.contract.spec import JobSpec, defaults
+from submitter.contract.spec import DEFAULT_IMAGE, OFFLINE_DATASET, JobSpec, defaults
 
 #: The job settings `data prepare` takes: the job's identity, its pods (CPU workers), their
 #: scheduling, the storage, the data flags `submit` has, the RayJob's lifecycle, and Ray's
@@ -45,9 +45,23 @@ def _prepare_params() -> tuple[click.Parameter, ...]:
     def holder() -> None: ...
 
     default = defaults()
+    # the source's flags say what prepare reads, not what submit trains on (submit's texts)
     helps = {"name": "the prepared corpus's name, and its job's (required)",
              "replicas": "CPU worker pods that tokenize (N, or MIN:MAX)",
-             "namespace": "Kubernetes namespace [default: the kubeconfig context's, as kubectl]"}
+             "namespace": "Kubernetes namespace [default: the kubeconfig context's, as kubectl]",
+             "image": f"container image with this project installed [default: {DEFAULT_IMAGE}]",
+             "dataset": f"the source when --data is not given: a Hugging Face dataset (its Parquet "
+                        f"files read by ranged reads), or {OFFLINE_DATASET} (the offline corpus) "
+                        f"[default: {default['dataset']}; with --local: {OFFLINE_DATASET}]",
+             "dataset_config": f"the Hugging Face dataset's config [default: "
+                               f"{default['dataset_config']}; with --local: none]",
+             "data": "the source's files instead of --dataset: text, Parquet or JSONL files, a "
+                     "directory of them, or an object-store URI (with --local: a path here, "
+                     "relative ones too)",
+             # training.data.prepare.HOLD_OUT_TOKENS (submitter never imports training)
+             "val_percent": f"% of the documents held out for validation when the source has no "
+                            f"validation split, at most ~100,000,000 tokens (llm.c's one shard) "
+                            f"[default: {default['val_percent']}]"}
     func: Any = holder
     for f in reversed([f for f in dataclasses.fields(JobSpec) if f.name in PREPARE_SETTINGS]):
         given = helps.get(f.name)
@@ -87,16 +101,21 @@ def data() -> None:
 @click.option("--local", is_flag=True,
               help="run the prepare program (python -m training.prepare) here, on an embedded "
                    "Ray with this machine's CPUs (needs submitter-gpt2[train])")
+@click.option("--force", is_flag=True,
+              help="make every shard of the corpus again, whole or not (without it, a prepare "
+                   "of an existing name remakes only what is missing or damaged)")
 @apply_options
-def prepare(local: bool, dry_run: str, watch_after: bool, output: str, kube_context: str | None,
+def prepare(local: bool, force: bool, dry_run: str, watch_after: bool, output: str, kube_context: str | None,
             kubeconfig: str | None, **options: Any) -> None:
     """Tokenize a source once into token shards (llm.c's format) plus a manifest, under the
     storage path's corpora/NAME, for `submit --data` to train on without tokenizing.
 
     The source: --dataset NAME [--dataset-config C] (a Hub dataset, read as Parquet by ranged
     reads, never downloaded whole), --data PATH|URI (text, Parquet or JSONL files or a bucket),
-    or the offline corpus. Preparing the same source and tokenizer again does nothing; an
-    interrupted prepare continues shard by shard; another source under the same name is refused.
+    or the offline corpus. Preparing the same source and tokenizer again checks each shard's
+    header and size and makes again only what is missing or damaged (nothing, when the corpus
+    is whole; --force: everything); an interrupted prepare continues shard by shard; another
+    source under the same name is refused.
 
     \b
     Examples:
@@ -112,11 +131,11 @@ def prepare(local: bool, dry_run: str, watch_after: bool, output: str, kube_cont
     if local:
         from submitter.local import run_prepare_local
 
-        sys.exit(run_prepare_local(flags, output=output))
+        sys.exit(run_prepare_local(flags, output=output, force=force))
     from submitter import api
 
     spec = JobSpec.build(**flags)
     sys.exit(api.prepare(spec, dry_run=dry_run, watch=watch_after, output=output,
                          context=kube_context, kubeconfig=kubeconfig,
                          request_timeout=request_timeout(), out=sys.stdout,
-                         err=sys.stderr).exit_code)
+                         err=sys.stderr, force=force).exit_code)

@@ -34,7 +34,9 @@ KUEUE_ELASTIC_ANNOTATION = "kueue.x-k8s.io/elastic-job"
 ENTRYPOINT = "python -m training"
 #: The other programs a RayJob may run, given the same job document: `submitter data prepare`'s
 #: (tokenize a source once into a prepared corpus, on CPU workers).
-PROGRAMS = {"prepare": "python -m training.prepare"}
+PROGRAMS = {"prepare": "python -m training.prepare",
+            # `data prepare --force`: every shard made again, whole or not
+            "prepare-force": "python -m training.prepare --force"}
 
 
 def storage_decision(spec: JobSpec) -> StorageDecision:
@@ -44,7 +46,8 @@ def storage_decision(spec: JobSpec) -> StorageDecision:
                                  spec.storage_access_mode)
     for flag, path in (("--data", spec.data), ("--val-data", spec.val_data),
                        ("--bpe-file", spec.bpe_file)):
-        if path is not None and not (flag == "--data" and spec.data_path.name):
+        if path is not None and not (flag == "--data" and (spec.data_path.name
+                                                            or spec.data_path.mixture)):
             check_pod_file(flag, path, spec.storage_mount)  # (a corpus NAME is the storage's)
     return decision
 

@@ -10,7 +10,9 @@ ConfigMap) say each shard written; the driver's output is kept in `<corpus>/logs
 
 Exit codes as the training job's: 0 prepared (or already prepared: nothing written), 1 failed,
 2 bad input (a name that holds another corpus, a source that is not there, a storage path the
-policy refuses), 130 Ctrl-C, 143 SIGTERM (a retry continues shard by shard).
+policy refuses), 8 another prepare of the corpus holds its lease and still beats
+(training.data.lease), 130 Ctrl-C, 143 SIGTERM (a retry continues shard by shard).
+`--force` (the program's own flag, from `data prepare --force`): every shard made again.
 """
 
 from __future__ import annotations
@@ -18,9 +20,12 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import time
 from typing import Any, Mapping, Optional, Sequence
 
 EXIT_PREEMPTED = 143
+#: The program's own flag (not a job setting): make every shard again, whole or not.
+FORCE = "--force"
 
 
 class Terminated(Exception):
@@ -31,9 +36,11 @@ def main(argv: Optional[Sequence[str]] = None, environ: Mapping[str, str] = os.e
     from submitter.contract.errors import SubmitterError
     from training.args import parse_args
 
+    args = list(sys.argv[1:] if argv is None else argv)
+    force = FORCE in args  # `data prepare --force`: every shard made again
     try:
-        spec = parse_args(list(sys.argv[1:] if argv is None else argv), environ)
-        return run(spec, environ)
+        spec = parse_args([a for a in args if a != FORCE], environ)
+        return run(spec, environ, force=force)
     except SubmitterError as e:
         print(f"error: {e}", file=sys.stderr)
         return e.exit_code
@@ -51,7 +58,7 @@ def corpus_dir(spec: Any, environ: Mapping[str, str]) -> tuple[str, str]:
     return corpus_root(root, None, spec.name), line
 
 
-def run(spec: Any, environ: Mapping[str, str]) -> int:
+def run(spec: Any, environ: Mapping[str, str], force: bool = False) -> int:
     from submitter.contract.errors import UsageError
     from training.data import prepare as prep
     from training.data.pipeline import _filesystem
@@ -72,9 +79,16 @@ def run(spec: Any, environ: Mapping[str, str]) -> int:
           f"{source.fingerprint()})", flush=True)
     print(why, flush=True)
     fs, root = _filesystem(corpus)
-    key = prep.plan_key(source, tokenizer_identity(get_encoding(tokenizer)), spec.val_percent)
+    key = prep.recorded_key(fs, root, source, tokenizer_identity(get_encoding(tokenizer)),
+                            spec.val_percent)
     done = prep.existing(fs, root, spec.name, key)
-    if done is not None:  # events to stdout and the ConfigMap only: the corpus is not touched
+    damage = None if done is None or force else prep.damage(fs, root, done)
+    if damage is not None:
+        print(f"repairing {corpus}: {damage.split(': prepare the corpus again')[0]}; the "
+              f"shards that are missing or damaged are made again", flush=True)
+    elif force and done is not None:
+        print(f"--force: every shard of {corpus} is made again", flush=True)
+    elif done is not None:  # events to stdout and the ConfigMap only: the corpus is not touched
         emitter = _emitter(None, environ)
         emitter.emit("run_finished", **_finished(corpus, done, already=True))
         print(f"{corpus} is already prepared from this source and tokenizer: nothing to do",
@@ -82,13 +96,22 @@ def run(spec: Any, environ: Mapping[str, str]) -> int:
         return 0
     from training.run.logs import kept_logs
 
+    if done is None and not _has_plan(fs, root):
+        prep.check_source(source)  # bad input known now: one line, before Ray, nothing written
+    from training.data.lease import Lease, describe, holder
+
     fs.create_dir(root, recursive=True)
-    with kept_logs(corpus, spec.to_dict()):  # <corpus>/logs/: outlives the pods
-        return _prepare(spec, source, tokenizer, fs, root, corpus, environ)
+    # one prepare of a corpus at a time: a second one is refused (exit 8) naming the holder
+    with Lease(fs, root, holder(spec.name, environ)) as lease:
+        if lease.took_over is not None:
+            print(f"took over the lease of a prepare that stopped beating "
+                  f"({describe(lease.took_over, time.time())})", flush=True)
+        with kept_logs(corpus, spec.to_dict()):  # <corpus>/logs/: outlives the pods
+            return _prepare(spec, source, tokenizer, fs, root, corpus, environ, force)
 
 
 def _prepare(spec: Any, source: Any, tokenizer: Any, fs: Any, root: str, corpus: str,
-             environ: Mapping[str, str]) -> int:
+             environ: Mapping[str, str], force: bool = False) -> int:
     from training.data import prepare as prep
 
     emitter = _emitter(corpus, environ)
@@ -104,7 +127,8 @@ def _prepare(spec: Any, source: Any, tokenizer: Any, fs: Any, root: str, corpus:
     previous = signal.signal(signal.SIGTERM, _terminate)
     try:
         outcome = prep.prepare(source, fs, root, tokenizer, name=spec.name,
-                               val_percent=spec.val_percent, on_progress=progress)
+                               val_percent=spec.val_percent, force=force,
+                               on_progress=progress)
     except Terminated:
         emitter.emit("run_failed", error="stopped by SIGTERM; prepare again to continue shard "
                                          "by shard", reason="preemption")
@@ -116,7 +140,8 @@ def _prepare(spec: Any, source: Any, tokenizer: Any, fs: Any, root: str, corpus:
     except Exception as e:  # noqa: BLE001 - said as an event and exit 1 (a bad input raised earlier)
         from submitter.contract.errors import SubmitterError
 
-        if isinstance(e, SubmitterError):
+        if isinstance(e, SubmitterError):  # bad input found while tokenizing: one line, exit 2
+            emitter.emit("run_failed", error=str(e))
             raise
         emitter.emit("run_failed", error=f"{type(e).__name__}: {e}")
         print(f"error: prepare failed: {type(e).__name__}: {e}", file=sys.stderr)
@@ -125,14 +150,41 @@ def _prepare(spec: Any, source: Any, tokenizer: Any, fs: Any, root: str, corpus:
         signal.signal(signal.SIGTERM, previous)
     emitter.emit("run_finished", **_finished(corpus, outcome.manifest, already=outcome.already),
                  tokens_per_sec=outcome.facts.get("tokens_per_sec"))
+    note = no_validation_note(outcome.manifest, source.has_val_split, spec.val_percent)
+    if note:
+        print(note, flush=True)
     return 0
 
 
+def no_validation_note(manifest: Any, has_split: bool, val_percent: float) -> str:
+    """The plain line when the corpus has no validation tokens ('' when it has some)."""
+    from training.data.shards import VAL
+
+    if manifest.tokens(VAL):
+        return ""
+    why = ("its validation split is empty" if has_split else
+           "no validation split: --val-percent 0 held out nothing" if not val_percent else
+           f"no validation split: the source has none and the {val_percent:g}% hold-out took "
+           "no document")
+    return (f"note: {why}; a run on this corpus reports no val_loss (and keeps no best "
+            "checkpoint by it): prepare with a larger --val-percent, or a source with a "
+            "validation split")
+
+
+def _has_plan(fs: Any, root: str) -> bool:
+    import pyarrow.fs as pafs
+
+    from training.data.prepare import PLAN
+
+    return fs.get_file_info(f"{root}/{PLAN}").type == pafs.FileType.File
+
+
 def _finished(corpus: str, manifest: Any, already: bool) -> dict[str, Any]:
+    from training.data.prepare import describe_validation
     from training.data.shards import TRAIN, VAL
 
     return {"corpus": corpus, "shards": len(manifest.split(TRAIN)), "tokens": manifest.tokens(TRAIN),
-            "val_tokens": manifest.tokens(VAL),
+            "val_tokens": manifest.tokens(VAL), "hold_out": describe_validation(manifest),
             "documents": manifest.extra.get("prepare", {}).get("documents"), "already": already}
 
 

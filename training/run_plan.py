@@ -68,6 +68,16 @@ def too_short(blocks: Optional[int], global_batch: int, workers: int,
             f"({global_batch * block:,} tokens: {global_batch} sequences x {block}); add data, or {fix}")
 
 
+def no_validation(val_sequences: Optional[int], where: str) -> Optional[str]:
+    """The run's line when it will validate nothing (`val_sequences` 0: none of the job's
+    block; None: unknown, say nothing): said at the start, not found out from a `val_loss` of
+    n/a at the end. Checkpoints are then kept by recency (training.run.checkpoint_events)."""
+    if val_sequences is None or val_sequences > 0:
+        return None
+    return (f"validation: none ({where}): no val_loss is computed and checkpoints are kept by "
+            f"recency")
+
+
 def warmup_for(total: int, warmup_steps: Optional[int]) -> int:
     return warmup_steps if warmup_steps is not None else max(1, total // 20)
 

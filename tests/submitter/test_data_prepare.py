@@ -45,6 +45,13 @@ def test_a_rendered_prepare_job_is_a_rayjob_kuberay_accepts(runner):
     assert again.stdout == result.stdout  # GitOps: the same input, the same bytes
 
 
+def test_force_renders_a_prepare_that_makes_every_shard_again(runner):
+    result = runner.invoke(cli, [*FINEWEB, "--force", "--dry-run=client", "-o", "yaml"])
+    assert result.exit_code == 0, result.output
+    rayjob = next(o for o in yaml.safe_load_all(result.stdout) if o and o["kind"] == "RayJob")
+    assert rayjob["spec"]["entrypoint"] == "python -m training.prepare --force"
+
+
 @pytest.mark.parametrize("args, says", [
     (["data", "prepare", "--dataset", "x"], "needs the corpus's name: --name NAME"),
     (["data", "prepare", "--name", "Bad_Name", "--dry-run=client"], "is not a valid name"),
@@ -83,6 +90,9 @@ def test_prepare_local_writes_the_corpus_once(storage, tmp_path):
     assert first.returncode == 0, first.stdout + first.stderr
     corpus = storage / "runs" / "corpora" / "wiki"
     assert "shard 1/1 written" in first.stdout and "corpus ready" in first.stdout
+    # the closing hint works as printed: it carries the tokenizer the corpus was prepared with
+    assert (f"train on it: submitter submit --local --data wiki --storage-path {storage / 'runs'} "
+            f"--bpe-file {bpe}") in first.stdout
     assert f"corpus: {corpus}" in first.stdout
     assert sorted(p.name for p in storage.iterdir()) == ["runs", "wiki-slice.txt"]
     fs = pafs.LocalFileSystem()
@@ -99,6 +109,45 @@ def test_prepare_local_writes_the_corpus_once(storage, tmp_path):
     assert second.returncode == 0, second.stdout + second.stderr
     assert "already prepared" in second.stdout
     assert {p.name: p.stat().st_mtime_ns for p in corpus.rglob("*")} == before
+    # issue 37 item 5: a truncated shard is refused by training's check, and the advice works
+    shard = corpus / manifest.split(sh.TRAIN)[0].file
+    whole = shard.read_bytes()
+    shard.write_bytes(whole[:-100])
+    with pytest.raises(sh.CorpusError, match="submitter data prepare --name wiki "):
+        sh.check_files(fs, str(corpus), manifest)
+    third = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=600)
+    assert third.returncode == 0, third.stdout + third.stderr
+    assert f"repairing {corpus}: {shard}: " in third.stdout and "already" not in third.stdout
+    assert shard.read_bytes() == whole
+    sh.check_files(fs, str(corpus), sh.read_manifest(fs, str(corpus)))
+    assert not (corpus / "prepare.lease").exists()  # each prepare released its lease
+
+
+def test_prepare_help_says_what_prepare_reads_not_what_submit_trains_on(runner):
+    from training.data.prepare import HOLD_OUT_TOKENS
+
+    result = runner.invoke(cli, ["data", "prepare", "--help"], terminal_width=200)
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.output.split())
+    for copied in ("train on these files", "token blocks", "--gpu-per-pod"):
+        assert copied not in text, copied
+    assert "[default: Salesforce/wikitext; with --local: python-stdlib]" in text
+    assert f"% of the documents held out for validation" in text
+    assert f"at most ~{HOLD_OUT_TOKENS:,} tokens" in text
+    assert "--force" in text
+
+
+def test_status_says_how_much_is_held_out():
+    from submitter.contract import events as ev
+    from submitter.event_text import describe
+
+    done = ev.make_event("run_finished", seq=3, corpus="s3://b/c/fw", shards=100,
+                         tokens=9_900_000_000, val_tokens=99_000_000, already=False,
+                         hold_out="hold-out 1% of documents, capped at ~100,000,000 tokens "
+                                  "(--val-percent 5)")
+    assert describe(done) == ("corpus ready: 100 training shard(s), 9,900,000,000 training and "
+                              "99,000,000 validation tokens (hold-out 1% of documents, capped at "
+                              "~100,000,000 tokens (--val-percent 5)) in s3://b/c/fw")
 
 
 def test_watch_shows_a_prepare_job_s_progress():

@@ -129,8 +129,9 @@ def test_a_preempted_run_on_a_prepared_corpus_resumes_at_its_position(storage):
 
     from tests.training.test_ray import _events, _run, _signal_a_worker, _when
 
+    # 640 sequences: 40 steps of 2 x 8; no validation split (checkpoints ranked by recency)
     make_corpus(pafs.LocalFileSystem(), str(storage / "corpora" / "c"), [64 * 400, 64 * 240],
-                val=64 * 32, block=64)  # 640 sequences: 40 steps of 2 x 8
+                block=64)
     signalled: list[int] = []
 
     def mid_epoch(events: list[dict]) -> bool:
@@ -160,6 +161,11 @@ def test_a_preempted_run_on_a_prepared_corpus_resumes_at_its_position(storage):
     assert next(e for e in events[i:] if e["type"] == "progress")["step"] == at + 1
     assert [e["steps"] for e in events if e["type"] == "epoch_finished"] == [40 - at]
     assert events[-1]["type"] == "run_finished" and events[-1]["step"] == 40
+    # no validation: a second checkpoint without val_loss is ranked (not a TypeError in Ray's
+    # controller), nothing is called best by val_loss
+    assert [e["val_loss"] for e in events if e["type"] in ("epoch_finished", "checkpoint_saved")
+            ] == [None, None, None]
+    assert events[-1].get("val_loss") is None and not events[-1].get("best_checkpoint")
 
 
 def test_the_resume_position_comes_from_the_checkpoint():
@@ -170,3 +176,68 @@ def test_the_resume_position_comes_from_the_checkpoint():
     assert resume_position({**mid, "sequences_in_epoch": 96}, 16) == 96  # saved by another size
     assert resume_position(mid, 16) == 80  # a checkpoint from before positions: steps x G
     assert resume_position({**mid, "epoch_done": True, "sequences_in_epoch": 96}, 16) == 0
+
+
+def test_a_resume_into_a_changed_order_is_refused_before_ray(capsys, storage):
+    """The run's latest checkpoint is mid-epoch in an order this corpus no longer gives (it
+    was prepared again): `python -m training` refuses in one line, exit 2, before Ray starts,
+    naming the flag that starts the epoch afresh."""
+    import ray
+
+    from training.__main__ import main
+    from training.data.reader import open_corpus, write_order_note
+
+    root = storage / "corpora" / "c"
+    make_corpus(pafs.LocalFileSystem(), str(root), [BLOCK * 40, BLOCK * 40], block=BLOCK)
+    reader = open_corpus(str(root), BLOCK)
+    pin = {**reader.pin(reader.order(0, 0)), "corpus": "prepared-before"}
+    reader.close()
+    checkpoint = storage / "j" / "checkpoint_epoch001_step0000003"
+    checkpoint.mkdir(parents=True)
+    write_order_note(str(checkpoint), {"epoch": 0, "epoch_done": False,
+                                       "sequences_in_epoch": 48, "data_order": pin})
+    code = main(["--name", "j", "--storage-path", str(storage), "--model", "tiny",
+                 "--tokenizer", "byte", "--block-size", str(BLOCK), "--data", "c"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert not ray.is_initialized()
+    assert code == 2 and len(err) == 1, err
+    assert "48 sequences into epoch 1" in err[0] and "--restart-epoch" in err[0], err
+    assert sorted(p.name for p in (storage / "j").iterdir()) == [checkpoint.name]
+
+
+def test_a_mixture_renders_and_a_missing_or_bad_corpus_of_it_is_one_line(runner, capsys,
+                                                                         storage):
+    """`--data a:0.7,b:0.3`: render takes it as prepared corpora (the job document says the
+    shares); a bad weight is refused by render, a missing corpus of the mixture by the
+    program before Ray starts (exit 2, one line naming it)."""
+    from submitter.cli import main as cli
+
+    out = runner.invoke(cli, ["render", "--name", "j", "--data", "a:0.7,b:0.3", "-n", "ns"])
+    assert out.exit_code == 0, out.output
+    doc = next(json.loads(e["value"]) for e in _envs(out.output) if e["name"] == "SUBMITTER_JOB")
+    assert doc["resolved"]["dataPath"]["kind"] == PREPARED
+    assert "a 70%, b 30%" in doc["resolved"]["dataPath"]["why"]
+    bad = runner.invoke(cli, ["render", "--name", "j", "--data", "a:0.7,b:-1", "-n", "ns"])
+    assert bad.exit_code == 2 and "positive number" in bad.output, bad.output
+    make_corpus(pafs.LocalFileSystem(), str(storage / "corpora" / "a"), [BLOCK * 40],
+                block=BLOCK)
+    code, err = _main(capsys, storage, "--data", "a:0.7,b:0.3")
+    assert code == 2 and len(err) == 1 and "--data b (" in err[0], err
+    assert "no manifest.json" in err[0], err
+
+
+def test_status_says_what_the_run_trains_on(capsys):
+    """run_started's `data` (a mixture's shares) is folded into the job's progress and
+    `submitter status` prints it under the job's row."""
+    from submitter.cli_cluster import _print_states
+    from submitter.contract import events as ev
+    from submitter.state import JobState
+
+    line = "mixture of prepared corpora, every step fw 70%, stack 30%: fw 9, stack 3 sequences"
+    progress = ev.fold([{"type": "run_started", "run_name": "j", "num_workers": 2,
+                         "storage_path": "/x", "data": line},
+                        {"type": "progress", "epoch": 1, "step": 3, "loss": 2.0,
+                         "tokens_per_sec": 10.0, "lr": 1e-3}])
+    assert progress.data == line
+    _print_states([JobState("j", "ns", "RUNNING", progress=progress)], "table", single=True)
+    assert f"data: {line}" in capsys.readouterr().out.splitlines()

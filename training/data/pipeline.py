@@ -129,6 +129,82 @@ def _files_corpus(data: str, data_format: str, text_column: str) -> Corpus:
     return Corpus(ds.select_columns(["text"]), None, f"data: {data} ({fmt})", nbytes, sample)
 
 
+#: JSONL read before Ray starts, every line of it (beyond: the first record of each file).
+CHECK_JSONL_BYTES = 64 * 1024 * 1024
+
+
+def check_files(data: str, data_format: str = "auto", text_column: str = "text",
+                flag: str = "--data", jsonl_bytes: int = CHECK_JSONL_BYTES) -> None:
+    """Before Ray starts: UsageError (one line naming the file, and the line; exit 2) for
+    files the on-the-fly readers would fail on inside Ray with a traceback per task: none
+    there, all empty, a `.parquet` that is not Parquet or lacks the text column, a JSONL line
+    that is not a JSON object (every line of the first `jsonl_bytes`, then each file's first
+    record). The checks are prepare's (training.data.prepare.check_source, json_record); a bad
+    line further in than the budget still fails inside Ray."""
+    import pyarrow.fs as pafs
+
+    from submitter.contract.errors import UsageError
+    from training.data.prepare import FileRef, Source, check_source
+
+    fmt = data_format if data_format != "auto" else _guess_format(data)
+    try:
+        fs, path = _filesystem(data)
+        info = fs.get_file_info(path)
+        if info.type == pafs.FileType.Directory:
+            infos = [i for i in fs.get_file_info(pafs.FileSelector(path, recursive=True))
+                     if i.type == pafs.FileType.File and not any(
+                         p.startswith((".", "_")) for p in i.path[len(path):].split("/"))]
+        elif info.type == pafs.FileType.File:
+            infos = [info]
+        else:
+            raise UsageError(f"{flag} {data}: not found; give a file or directory of text, "
+                             "Parquet or JSONL (a local path, a path on the volume, or a bucket "
+                             "URI)")
+    except (OSError, ValueError) as e:
+        raise UsageError(f"{flag} {data}: cannot list it ({e})") from None
+    wanted = {"parquet": (".parquet",),  # in a directory (a file named is read as it is)
+              "jsonl": (".jsonl", ".json", ".jsonl.gz", ".json.gz")}.get(fmt)
+    if info.type == pafs.FileType.Directory and wanted is not None:
+        infos = [i for i in infos if i.path.lower().endswith(wanted)]
+    infos.sort(key=lambda i: i.path)
+    if not infos:
+        raise UsageError(f"{flag} {data}: no {fmt} files in it (--data-format {data_format})")
+    files = tuple(FileRef(i.path, os.path.basename(i.path), int(i.size or 0), "")
+                  for i in infos)
+    source = Source("files", f"{flag} {data}", fmt, text_column, fs, files)
+    check_source(source)  # empty, Parquet footers, each JSONL's first record
+    if fmt == "jsonl":
+        check_jsonl_lines(source, jsonl_bytes)
+
+
+def check_jsonl_lines(source: Any, budget: int) -> None:
+    """Every line of the source's JSONL files, up to `budget` bytes in all, is a JSON object
+    (training.data.prepare.json_record: UsageError naming the file and the line)."""
+    from submitter.contract.errors import UsageError
+    from training.data.prepare import json_record
+
+    for ref in source.files:
+        if budget <= 0:
+            return
+        try:
+            with source.fs.open_input_stream(ref.path, compression="detect") as f:
+                rest = b""
+                number = 0
+                while budget > 0:
+                    chunk = f.read(min(1 << 20, budget))
+                    budget -= len(chunk)
+                    lines = (rest + chunk).split(b"\n")
+                    rest = lines.pop() if chunk else b""
+                    for line in lines:
+                        number += 1
+                        if line.strip():
+                            json_record(line, ref.path, number)
+                    if not chunk:
+                        break
+        except OSError as e:
+            raise UsageError(f"{ref.path}: cannot read it ({e})") from None
+
+
 def read_text(data: str) -> Any:
     """Rows {"text": line} of a text file or directory, exactly as `ray.data.read_text` gives
     them (`str.splitlines`). One big file is read in line-aligned byte ranges, one task each:

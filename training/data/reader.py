@@ -7,11 +7,17 @@ shards' first ids (O(log shards)) and reads whole spans of consecutive sequences
 (training.data.order), so a reader needs no index and no pass over the data:
 
 - on a volume (a local or mounted path) each shard is memory-mapped: a span is a view, only the
-  rows a rank takes are touched, the page cache is the cache;
+  rows a rank takes are touched, the page cache is the cache; the rows of the next
+  micro-batches are read ahead (madvise WILLNEED), and a shard truncated under the mapping is
+  a one-line CorpusError naming it, not a SIGBUS (MappedSource);
 - on a bucket (any other pyarrow filesystem: S3, GCS, Azure) a span is one ranged read, fetched
   ahead in a thread (the spans of the next micro-batches) into a cache bounded in bytes (LRU).
-  Each rank fetches the spans its slices fall in whole, so a bucket serves an epoch's bytes to
-  every rank of the group (a few MB/s per GPU at gpt2-small's pace).
+  Each rank fetches the spans its slices fall in whole; its slice of a step is a contiguous run
+  of the step's ids sorted (training.data.order.rank_ids), the same few spans for a whole
+  window, so the group fetches about one epoch from the bucket between them.
+
+The order is a full permutation on a volume and windows of spans on a bucket (`order`);
+`pin(order)` is what a checkpoint records of it (training.data.order.order_pin).
 
 `batches(order, position, ...)` yields {"input_ids": int64 [micro, block]} for one rank from a
 position: nothing before it is read. `val_batches` reads the validation shard(s) in order,
@@ -29,8 +35,10 @@ from typing import Any, Callable, Iterator, Optional
 
 import numpy as np
 
+from submitter.contract.errors import SubmitterError
 from training.data import shards as sh
-from training.data.order import EpochOrder, rank_positions, span_for
+from training.data.order import (FULL, WINDOW, WINDOW_SPANS, EpochOrder, MixtureOrder,
+                                 corpus_fingerprint, order_pin, rank_ids, span_for, step_bases)
 
 #: Bytes of spans a bucket reader keeps (cached and in flight) at most.
 CACHE_BYTES = 256 * 1024 * 1024
@@ -84,20 +92,90 @@ class Layout:
 
 
 class MappedSource:
-    """Shards on a volume, memory-mapped on first use: a read is a view (no copy, no cache)."""
+    """Shards on a volume, memory-mapped on first use: a read is a view (no copy, no cache);
+    `advise` asks the kernel to read ahead (MADV_WILLNEED) the rows the next micro-batches take,
+    so a step does not wait for their pages one fault at a time.
+
+    A mapping turns an I/O error into a signal, not an exception: touching a page past the end
+    of a file truncated after it was mapped raises SIGBUS, and Python cannot recover from it
+    (its handlers run between bytecodes, after the faulting instruction), so the worker dies
+    without a word. Hence every read first checks the file's size now (`mmap.size()`: one
+    fstat on the mapping's own descriptor, so of the very file mapped) and refuses a range past
+    it with a CorpusError naming the shard; the caller copies the rows out at once
+    (`_Split.rows`). A file deleted or replaced by rename
+    (how prepare writes and repairs shards) is no danger: the mapping keeps the old inode. What
+    is left is a truncation in place in the microseconds between the check and the copy."""
 
     def __init__(self, root: str, files: tuple[str, ...]) -> None:
         self.paths = tuple(f"{root.rstrip('/')}/{f}" for f in files)
-        self._maps: dict[int, np.memmap] = {}
+        self._maps: dict[int, tuple[Any, np.ndarray]] = {}  # the mmap, its bytes
+
+    def _mapped(self, shard: int) -> tuple[Any, np.ndarray]:
+        got = self._maps.get(shard)
+        if got is None:
+            import mmap
+
+            try:
+                with open(self.paths[shard], "rb") as f:  # the mapping keeps its own descriptor
+                    mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+            except (OSError, ValueError) as e:  # ValueError: an empty file cannot be mapped
+                raise unreadable_shard(self.paths[shard], f"cannot map it ({e})") from None
+            got = self._maps[shard] = (mm, np.frombuffer(mm, dtype=np.uint8))
+        return got
 
     def read(self, shard: int, offset: int, nbytes: int) -> np.ndarray:
-        mm = self._maps.get(shard)
-        if mm is None:
-            mm = self._maps[shard] = np.memmap(self.paths[shard], dtype=np.uint8, mode="r")
-        return mm[offset:offset + nbytes]
+        mm, data = self._mapped(shard)
+        try:
+            size = mm.size()  # fstat of the mapped file now
+        except OSError as e:  # a volume gone (ESTALE, EIO)
+            raise unreadable_shard(self.paths[shard], f"cannot read it ({e})") from None
+        if offset + nbytes > min(size, len(data)):
+            raise unreadable_shard(self.paths[shard], f"{size} bytes now, the run reads bytes "
+                                   f"{offset}..{offset + nbytes} (truncated while the run read it)")
+        return data[offset:offset + nbytes]
+
+    def advise(self, shard: int, offset: int, nbytes: int) -> bool:
+        """Read ahead bytes [offset, offset + nbytes) of a shard; whether the hint was given
+        (a hint only: errors are left to the read, which reports them)."""
+        import mmap
+
+        if not hasattr(mmap, "MADV_WILLNEED"):  # not Linux/BSD: the page faults read
+            return False
+        try:
+            mm, data = self._mapped(shard)
+            start = offset - offset % mmap.PAGESIZE  # madvise wants a page-aligned start
+            length = min(offset + nbytes, len(data)) - start
+            if length <= 0:
+                return False
+            mm.madvise(mmap.MADV_WILLNEED, start, length)
+            return True
+        except (OSError, ValueError, SubmitterError):
+            return False
 
     def close(self) -> None:
-        self._maps.clear()
+        for shard in list(self._maps):
+            mm = self._maps.pop(shard)[0]  # its array goes with the tuple
+            try:
+                mm.close()
+            except BufferError:  # views still held elsewhere: unmapped when they go
+                pass
+
+
+def unreadable_shard(path: str, what: str) -> sh.CorpusError:
+    """The one line for a shard that fails under a running reader."""
+    return sh.CorpusError(f"{path}: {what}: check the volume, repair the corpus (submitter "
+                          f"data prepare of the same name remakes damaged shards), then resume")
+
+
+def runs(ids: np.ndarray) -> list[tuple[int, int]]:
+    """[start, stop) runs of consecutive ids in `ids` (sorted, as a rank's slice is)."""
+    if not len(ids):
+        return []
+    ids = np.sort(ids)
+    breaks = np.flatnonzero(np.diff(ids) != 1) + 1
+    starts = np.concatenate(([0], breaks))
+    stops = np.concatenate((breaks, [len(ids)]))
+    return [(int(ids[a]), int(ids[b - 1]) + 1) for a, b in zip(starts, stops)]
 
 
 class RangedSource:
@@ -182,9 +260,17 @@ class _Split:
         return self.cache.get(k) if self.cache is not None else self._fetch(k)
 
     def prefetch(self, ids: np.ndarray) -> None:
+        """Start reading the sequences `ids` ahead: their spans into the cache (a bucket), or
+        their rows' pages (a mapped volume: MappedSource.advise)."""
         if self.cache is not None:
             for k in np.unique(ids // self.span):
                 self.cache.prefetch(int(k))
+            return
+        advise = getattr(self.source, "advise", None)
+        if advise is not None:
+            for start, stop in runs(ids):
+                for p in self.layout.pieces(start, stop):
+                    advise(p.shard, p.offset, p.nbytes)
 
     def rows(self, ids: np.ndarray) -> np.ndarray:
         """The sequences `ids` as int64 [len(ids), block]."""
@@ -225,22 +311,33 @@ class CorpusReader:
         return self.splits[split].layout.n
 
     def order(self, seed: int, epoch: int) -> EpochOrder:
-        """The training order of `epoch` (the same for every group size)."""
-        return EpochOrder(self.sequences(), seed, epoch, self.span)
+        """The training order of `epoch` (the same for every group size): a full permutation
+        on a volume, windows of whole spans on a bucket."""
+        return EpochOrder(self.sequences(), seed, epoch, self.span, WINDOW_SPANS,
+                          FULL if self.mapped else WINDOW)
+
+    def pin(self, order: EpochOrder) -> dict[str, Any]:
+        """What a checkpoint records of `order` (a resume mid-epoch compares it)."""
+        m = self.manifest
+        corpus = corpus_fingerprint(m.source.get("fingerprint"),
+                                    [(s.file, s.tokens) for s in m.split(sh.TRAIN)])
+        return order_pin(order, self.block, corpus)
 
     def batches(self, order: EpochOrder, position: int, global_batch: int, offset: int,
                 share: int, micro: int,
                 read_ahead: int = READ_AHEAD_BATCHES) -> Iterator[dict[str, np.ndarray]]:
         """This rank's micro-batches from `position` (sequences consumed in the epoch) to the
-        epoch's last whole step: `share // micro` per step, in step order."""
+        epoch's last whole step: `share // micro` per step, in step order; a step's are its
+        run of the step's sorted ids (training.data.order.rank_ids)."""
         if share % micro:
             raise ValueError(f"micro-batch {micro} does not divide the share {share}")
         train = self.splits[sh.TRAIN]
 
         def ids() -> Iterator[np.ndarray]:
-            for start, stop in rank_positions(position, order.n, global_batch, offset, share):
-                for s in range(start, stop, micro):
-                    yield order.ids(s, s + micro)
+            for base in step_bases(position, order.n, global_batch):
+                mine = rank_ids(order, base, global_batch, offset, share)
+                for s in range(0, share, micro):
+                    yield mine[s:s + micro]
 
         upcoming = ids()
         ahead: deque[np.ndarray] = deque()
@@ -258,21 +355,26 @@ class CorpusReader:
     def val_batches(self, rank: int, world: int, micro: int,
                     limit: int = 0) -> Iterator[dict[str, np.ndarray]]:
         """Validation micro-batches in order, dealt round-robin: rank r takes batches r,
-        r + world, ... (`limit` per rank at most; 0: all)."""
+        r + world, ..., the same count on every rank (`val_batch_count`): under FSDP a rank
+        with one batch more would all-gather while the others wait in the loss's all-reduce."""
         val = self.splits[sh.VAL]
-        n, taken = val.layout.n, 0
-        for b in range(rank, n // micro, world):
-            if limit and taken >= limit:
-                return
+        for k in range(val_batch_count(val.layout.n, micro, world, limit)):
+            b = rank + k * world
             ids = np.arange(b * micro, (b + 1) * micro, dtype=np.int64)
             yield {"input_ids": val.rows(ids)}
-            taken += 1
 
     def close(self) -> None:
         for split in self.splits.values():
             if split.cache is not None:
                 split.cache.close()
             split.source.close()
+
+
+def val_batch_count(sequences: int, micro: int, world: int, limit: int = 0) -> int:
+    """Validation micro-batches each rank evaluates: the whole batches dealt evenly (the
+    remainder, fewer than `world`, is left out), at most `limit` (0: no limit)."""
+    each = sequences // micro // world if micro > 0 and world > 0 else 0
+    return min(each, limit) if limit else each
 
 
 def filesystem(uri: str) -> tuple[Any, str]:
@@ -282,6 +384,10 @@ def filesystem(uri: str) -> tuple[Any, str]:
     if "://" not in uri:
         return pafs.LocalFileSystem(), uri.rstrip("/") or "/"
     fs, path = pafs.FileSystem.from_uri(uri)
+    if type(fs).__name__ != "LocalFileSystem":  # a bucket: reads retried (training.data.retry)
+        from training.data.retry import RetryingFileSystem
+
+        fs = RetryingFileSystem(fs)
     return fs, path.rstrip("/")
 
 
@@ -340,3 +446,178 @@ def corpus_uri(data: Optional[str], dataset: str, storage_root: str) -> Optional
             found = False  # the on-the-fly reader says what is wrong with it
         return uri if found else None
     return uri
+
+
+#: A checkpoint's note of its data order (beside state.pt): the driver reads it, not the state.
+ORDER_NOTE = "data_order.json"
+
+
+def write_order_note(directory: str, state: dict[str, Any]) -> None:
+    """Write a checkpoint's order note (its epoch, position and pin) into `directory`."""
+    import json
+    import os
+
+    note = {k: state.get(k) for k in ("epoch", "epoch_done", "sequences_in_epoch", "data_order")}
+    with open(os.path.join(directory, ORDER_NOTE), "w") as f:
+        json.dump(note, f, sort_keys=True)
+
+
+def latest_order_note(run_dir: str) -> Optional[dict[str, Any]]:
+    """The order note of the run's latest checkpoint (names sort by epoch and step); None when
+    there is no checkpoint, or the latest has no note (the workers check it then)."""
+    import json
+
+    import pyarrow.fs as pafs
+
+    try:
+        fs, root = filesystem(run_dir)
+        infos = fs.get_file_info(pafs.FileSelector(root, allow_not_found=True))
+        names = sorted(i.base_name for i in infos if i.type == pafs.FileType.Directory
+                       and i.base_name.startswith("checkpoint_epoch"))
+        if not names:
+            return None
+        with fs.open_input_stream(f"{root}/{names[-1]}/{ORDER_NOTE}") as f:
+            note = json.loads(f.read().decode("utf-8"))
+    except (OSError, ValueError):
+        return None
+    return note if isinstance(note, dict) else None
+
+
+def check_resumed_order(uri: str, manifest: sh.Manifest, block: int, run_dir: str,
+                        restart: bool) -> None:
+    """Before Ray starts: OrderChanged (one line, exit 2) when the run's latest checkpoint is
+    mid-epoch in an order the corpus at `uri` and `block` no longer give
+    (training.data.order.resume_order); nothing when there is none, or `restart`."""
+    fs, root = filesystem(uri)
+    reader = CorpusReader(fs, root, manifest, block)
+    try:
+        check_resumed_pin(reader.pin(reader.order(0, 0)), run_dir, restart)
+    finally:
+        reader.close()
+
+
+def check_resumed_pin(pin: dict[str, Any], run_dir: str, restart: bool) -> None:
+    """check_resumed_order for the order pinned as `pin` (a corpus's or a mixture's)."""
+    from training.data.order import resume_order
+
+    note = latest_order_note(run_dir)
+    if not note or note.get("epoch_done"):
+        return
+    resume_order(note.get("data_order"), pin, int(note.get("sequences_in_epoch") or 0),
+                 int(note.get("epoch") or 0), restart)
+
+
+# --- mixtures ---------------------------------------------------------------------------------
+
+class _LayoutN:
+    """What a joined split shows of a layout: its sequence count."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+
+class _Joined:
+    """Several corpora's splits as one id space: corpus c's sequence j is `bases[c] + j`."""
+
+    def __init__(self, parts: list[_Split]) -> None:
+        self.parts = parts
+        self.bases = [0]
+        for p in parts:
+            self.bases.append(self.bases[-1] + p.layout.n)
+        self.layout = _LayoutN(self.bases[-1])
+        self.cache = None
+
+    def _each(self, ids: np.ndarray) -> Iterator[tuple[_Split, np.ndarray, np.ndarray]]:
+        which = np.searchsorted(self.bases, ids, side="right") - 1
+        for c in np.unique(which):
+            mask = which == c
+            yield self.parts[int(c)], mask, ids[mask] - self.bases[int(c)]
+
+    def prefetch(self, ids: np.ndarray) -> None:
+        for part, _, local in self._each(ids):
+            part.prefetch(local)
+
+    def rows(self, ids: np.ndarray) -> np.ndarray:
+        out = np.empty((len(ids), self.parts[0].layout.block), dtype=np.int64)
+        for part, mask, local in self._each(ids):
+            out[mask] = part.rows(local)
+        return out
+
+
+class MixedReader(CorpusReader):
+    """Prepared corpora mixed by weight (training.data.order.MixtureOrder): the training
+    split is the corpora one after the other, the validation split likewise (each corpus's
+    validation shards, all of them evaluated)."""
+
+    def __init__(self, readers: list[CorpusReader], weights: list[float],
+                 names: list[str]) -> None:
+        self.readers, self.weights, self.names = readers, list(weights), list(names)
+        self.block, self.span = readers[0].block, readers[0].span
+        self.mapped = all(r.mapped for r in readers)  # a bucket among them: windows of spans
+        self.splits = {split: _Joined([r.splits[split] for r in readers])
+                       for split in (sh.TRAIN, sh.VAL)}
+
+    def order(self, seed: int, epoch: int) -> MixtureOrder:  # type: ignore[override]
+        return MixtureOrder(tuple(r.sequences() for r in self.readers), tuple(self.weights),
+                            seed, epoch, self.span, WINDOW_SPANS,
+                            FULL if self.mapped else WINDOW)
+
+    def pin(self, order: Any) -> dict[str, Any]:
+        corpus = "+".join(f"{name}:{w:g}={r.pin(r.order(0, 0))['corpus']}"
+                          for name, w, r in zip(self.names, self.weights, self.readers))
+        return order_pin(order, self.block, corpus)
+
+    def close(self) -> None:
+        for r in self.readers:
+            r.close()
+
+
+def open_mixture(parts: list[dict[str, Any]], block: int,
+                 **options: Any) -> MixedReader:
+    """A reader of the corpora `parts` ([{"uri", "weight", "name"}]) mixed by weight."""
+    readers = [open_corpus(p["uri"], block, **options) for p in parts]
+    spans = {r.span for r in readers}
+    if len(spans) > 1:  # one span for all (a uint32 corpus beside uint16 ones)
+        for r in readers:
+            r.close()
+        readers = [open_corpus(p["uri"], block, **{**options, "span": min(spans)})
+                   for p in parts]
+    return MixedReader(readers, [float(p["weight"]) for p in parts],
+                       [str(p.get("name") or p["uri"]) for p in parts])
+
+
+def check_mixture(parts: tuple[tuple[str, float], ...], storage_root: str,
+                  identity: dict[str, Any], block: int, global_batch: int, run_dir: str,
+                  restart: bool) -> tuple[list[dict[str, Any]], int, str]:
+    """Before Ray starts, each corpus of a `--data NAME:WEIGHT,...` mixture as a single one is
+    checked (manifest, shards, tokenizer), the mixture's epoch against one step, and a resume
+    against its pinned order. Returns the workers' parts ([{"name", "uri", "weight"}]), the
+    epoch's sequences and the run's data line. CorpusError / OrderChanged: one line, exit 2."""
+    from submitter.contract.data_path import mixture_shares
+    from submitter.contract.storage import corpus_root
+
+    out, described = [], []
+    for name, weight in parts:
+        uri = corpus_root(storage_root, None, name)
+        _, _, manifest = open_manifest(uri, check=True, identity=identity,
+                                       label=f"--data {name} ({uri})")
+        n = sum(s.tokens // block for s in manifest.split(sh.TRAIN))
+        if n < 1:
+            raise sh.CorpusError(f"--data {name} ({uri}): no training sequence of {block} "
+                                 f"tokens: prepare more data, or leave it out of the mixture")
+        out.append({"name": name, "uri": uri, "weight": weight})
+        described.append(f"{name} {n:,}")
+    mixed = open_mixture(out, block)
+    try:
+        sequences = mixed.sequences()
+        if sequences < global_batch:
+            raise sh.CorpusError(
+                f"--data: the mixture holds {sequences} training sequences of {block} tokens, "
+                f"fewer than one optimizer step ({global_batch}): prepare more data, or lower "
+                f"--global-batch-size")
+        check_resumed_pin(mixed.pin(mixed.order(0, 0)), run_dir, restart)
+    finally:
+        mixed.close()
+    line = (f"data: mixture of prepared corpora, every step {mixture_shares(parts)}: "
+            f"{', '.join(described)} sequences of {block} ({sequences:,} an epoch)")
+    return out, sequences, line

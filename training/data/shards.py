@@ -186,21 +186,25 @@ def check_files(fs: Any, root: str, manifest: Manifest) -> None:
     import pyarrow.fs as pafs
 
     base = root.rstrip("/")
+    fix = (f"prepare the corpus again (submitter data prepare --name {manifest.name} with its "
+           f"source and tokenizer: it makes the missing or damaged shards again)")
     infos = fs.get_file_info([f"{base}/{s.file}" for s in manifest.shards])
     for shard, info in zip(manifest.shards, infos):
         where = f"{base}/{shard.file}"
         if info.type != pafs.FileType.File:
-            raise CorpusError(f"{where}: missing (the manifest lists it): prepare the corpus "
-                              f"again (a prepare continues shard by shard)")
+            raise CorpusError(f"{where}: missing (the manifest lists it): {fix}")
         with fs.open_input_file(where) as f:
-            dtype, tokens = decode_header(f.read(HEADER_BYTES), where)
+            try:
+                dtype, tokens = decode_header(f.read(HEADER_BYTES), where)
+            except CorpusError as e:
+                raise CorpusError(str(e).replace("prepare the corpus again", fix)) from None
         if dtype != manifest.dtype or tokens != shard.tokens:
             raise CorpusError(f"{where}: holds {tokens} {dtype} tokens, the manifest says "
-                              f"{shard.tokens} {manifest.dtype}: prepare the corpus again")
+                              f"{shard.tokens} {manifest.dtype}: {fix}")
         expected = HEADER_BYTES + tokens * itemsize(dtype)
         if info.size != expected:
             raise CorpusError(f"{where}: {info.size} bytes, a shard of {tokens} tokens has "
-                              f"{expected} (truncated?): prepare the corpus again")
+                              f"{expected} (truncated?): {fix}")
 
 
 def tokenizer_identity(encoding: Any) -> dict[str, Any]:
