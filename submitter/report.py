@@ -38,6 +38,8 @@ class RunData:
     state: ev.ProgressState
     settings: dict[str, Any] = field(default_factory=dict)
     facts: dict[str, Any] = field(default_factory=dict)  # run_started's (model, params, data...)
+    usage: Any = None  # what it took: usage.json (submitter.contract.usage), None if not kept
+    estimate: dict[str, Any] | None = None  # the estimate recorded with the job (#38)
 
 
 # --- sources ------------------------------------------------------------------------------------
@@ -133,13 +135,69 @@ def from_run_dir(storage_path: str, name: str, namespace: str | None = None) -> 
 
     if scheme_of(storage_path) in OBJECT_STORE_SCHEMES:
         uri, text = object_store_events(storage_path, name, namespace)
-        return from_events(name, uri, ev.parse_lines(text))
+        return with_usage(from_events(name, uri, ev.parse_lines(text)), uri)
     path = events_file(storage_path, name, namespace)
     try:
         text = path.read_text(errors="replace")
     except OSError as e:
         raise UsageError(f"cannot read {path}: {e.strerror}") from None
-    return from_events(name, str(path), ev.parse_lines(text))
+    return with_usage(from_events(name, str(path), ev.parse_lines(text)), str(path))
+
+
+def with_usage(run: RunData, events_at: str) -> RunData:
+    """The run with what it took (usage.json) and its estimate (run.json's), both read from
+    beside its events file (a path or an object-store URI); either may be missing."""
+    from dataclasses import replace
+
+    from submitter.contract.naming import RUN_ESTIMATE_KEY
+    from submitter.contract.usage import USAGE_FILE, RunUsage
+
+    folder = events_at.rsplit("/", 1)[0]
+    usage_text, run_text = _sibling(folder, USAGE_FILE), _sibling(folder, "run.json")
+    try:
+        usage = RunUsage.from_json(usage_text) if usage_text else None
+    except (ValueError, TypeError):
+        usage = None
+    try:
+        estimate = json.loads(run_text).get(RUN_ESTIMATE_KEY) if run_text else None
+    except (ValueError, AttributeError):
+        estimate = None
+    return replace(run, usage=usage, estimate=estimate if isinstance(estimate, dict) else None)
+
+
+def usage_texts(storage_uri: str) -> list[str]:
+    """Every usage.json two folders down an object-store storage path (`<storage>/<name>/`,
+    `<storage>/<namespace>/<name>/`), for submitter.contract.usage.read_usages. Folders are listed
+    one level at a time: a recursive listing would walk every checkpoint shard."""
+    from submitter.contract.usage import USAGE_FILE
+
+    fs = need_pyarrow()
+    filesystem, root = fs.FileSystem.from_uri(storage_uri.rstrip("/"))
+
+    def folders(path: str) -> list[str]:
+        infos = filesystem.get_file_info(fs.FileSelector(path, allow_not_found=True))
+        return [i.path for i in infos if i.type == fs.FileType.Directory]
+
+    texts = []
+    for run in folders(root):
+        for folder in [run, *folders(run)]:
+            text = _read_object(fs, filesystem, f"{folder}/{USAGE_FILE}")
+            if text is not None:
+                texts.append(text)
+    return texts
+
+
+def _sibling(folder: str, file_name: str) -> str | None:
+    """A small file's text in the run's folder (None when absent or unreadable)."""
+    path = f"{folder}/{file_name}"
+    try:
+        if "://" not in path:
+            return Path(path).read_text(encoding="utf-8")
+        fs = need_pyarrow()
+        filesystem, inner = fs.FileSystem.from_uri(path)
+        return _read_object(fs, filesystem, inner)
+    except (OSError, ValueError):
+        return None
 
 
 def from_configmap(name: str, namespace: str, configmap: Mapping[str, Any] | None,
@@ -162,9 +220,11 @@ def from_configmap(name: str, namespace: str, configmap: Mapping[str, Any] | Non
             settings = {}
     started = next((e for e in reversed(recent) if e.get("type") == "run_started"), {})
     facts = {k: v for k, v in started.items() if k not in ("v", "type", "time", "seq")}
+    from submitter.state import estimate_of
+
     return RunData(name, f"configmap {namespace}/{name}-progress", curve,
                    progress_from_configmap(configmap), settings if isinstance(settings, dict) else {},
-                   facts)
+                   facts, estimate=estimate_of(rayjob))
 
 
 def from_cluster(kube: Any, namespace: str, name: str) -> RunData:
@@ -271,8 +331,24 @@ def page(run: RunData, png: bytes) -> str:
         f"<h1>{title}</h1><p>from {html.escape(run.source)}</p>\n"
         f"<img alt=\"loss and tokens/s against step\" src=\"data:image/png;base64,{image}\">\n"
         f"<h2>Final metrics</h2>{table(final_metrics(run))}\n"
+        f"<h2>What it took</h2>{took_html(run)}\n"
         f"<h2>Run</h2>{table(run.facts)}\n"
         f"<h2>Settings</h2>{table(run.settings)}\n</body></html>\n")
+
+
+def took_lines(run: RunData) -> list[str]:
+    """What the run took beside its estimate (submitter.pace.took_lines); [] when the run kept
+    no usage.json (a cluster job read from its ConfigMap: give --storage-path)."""
+    from submitter.pace import took_lines as lines
+
+    return lines(run.usage, run.estimate) if run.usage is not None else []
+
+
+def took_html(run: RunData) -> str:
+    lines = took_lines(run)
+    if not lines:
+        return "<p>not recorded (usage.json is in the run's folder: give --storage-path)</p>"
+    return "".join(f"<p>{html.escape(line)}</p>" for line in lines)
 
 
 def _show(value: Any) -> str:
@@ -285,6 +361,7 @@ def _show(value: Any) -> str:
 class Written:
     png: Path
     html: Path
+    took: tuple[str, ...] = ()  # what the run took beside the estimate, for the terminal
 
 
 def write(run: RunData, out_dir: str | os.PathLike[str] = ".") -> Written:
@@ -298,4 +375,4 @@ def write(run: RunData, out_dir: str | os.PathLike[str] = ".") -> Written:
         html_path.write_text(page(run, png), encoding="utf-8")
     except OSError as e:
         raise UsageError(f"cannot write the report into {out_dir}: {e.strerror}") from None
-    return Written(png_path, html_path)
+    return Written(png_path, html_path, tuple(took_lines(run)))

@@ -99,6 +99,10 @@ class JobState:
     running_since: str | None = None
     #: A warning when a RUNNING job's progress ConfigMap got nothing from this attempt for long.
     no_progress: str = ""
+    #: The estimate recorded with the job (naming.ESTIMATE_ANNOTATION; None: none), and the
+    #: latest progress event's data wait: measured against estimated (submitter.pace, #38).
+    estimate: dict | None = None
+    data_wait: float | None = None
 
     @property
     def terminal(self) -> bool:
@@ -123,7 +127,25 @@ class JobState:
                 "created": self.created, "rayCluster": self.ray_cluster,
                 "diagnosis": self.diagnosis, "stalled": self.stalled,
                 "progressUnavailable": self.no_progress,
-                "totalSteps": p.total_steps, "etaSeconds": _eta(p)}
+                "totalSteps": p.total_steps, "etaSeconds": _eta(p),
+                "estimate": self.estimate}
+
+    def measured(self, now: datetime) -> Any:
+        """What the job measured so far (submitter.pace.Measured): wall-clock since the RayJob
+        was created (start-up included: the GPUs are held then too)."""
+        from submitter.pace import measured_from_state
+
+        created = parse_time(self.created)
+        elapsed = max(0.0, (now - created).total_seconds()) if created is not None else None
+        return measured_from_state(self.progress, elapsed, now, self.data_wait)
+
+    def pace_lines(self, now: datetime) -> list[str]:
+        """Measured against the recorded estimate ([] without one or before any progress)."""
+        from submitter.pace import comparison
+
+        if not self.estimate or self.progress.step is None:
+            return []
+        return comparison(self.estimate, self.measured(now))
 
     @property
     def why(self) -> str:
@@ -146,7 +168,30 @@ def job_state(rayjob: Mapping[str, Any] | None, configmap: Mapping[str, Any] | N
                     kuberay_failed=int(status.get("failed") or 0),
                     created=(rayjob.get("metadata") or {}).get("creationTimestamp"),
                     progress=progress, ray_cluster=status.get("rayClusterName") or "",
-                    running_since=(status.get("rayJobInfo") or {}).get("startTime"))
+                    running_since=(status.get("rayJobInfo") or {}).get("startTime"),
+                    estimate=estimate_of(rayjob), data_wait=_data_wait(configmap))
+
+
+def estimate_of(rayjob: Mapping[str, Any] | None) -> dict | None:
+    """The estimate `submit` recorded on the RayJob (compact JSON), None when absent or unreadable."""
+    from submitter.contract.naming import ESTIMATE_ANNOTATION
+
+    annotations = ((rayjob or {}).get("metadata") or {}).get("annotations") or {}
+    text = annotations.get(ESTIMATE_ANNOTATION)
+    try:
+        value = json.loads(text) if isinstance(text, str) else None
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _data_wait(configmap: Mapping[str, Any] | None) -> float | None:
+    """The latest progress event's share of step time spent waiting for data."""
+    for event in reversed(configmap_events(configmap)):
+        wait = event.get("data_wait_fraction") if event.get("type") == "progress" else None
+        if isinstance(wait, (int, float)):
+            return float(wait)
+    return None
 
 
 # --- stall detection ------------------------------------------------------------------------------

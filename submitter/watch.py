@@ -313,7 +313,7 @@ def _final_progress(kube: Kube, events: "queue.Queue[tuple[str, Any]]", dedupe: 
         if source == "ConfigMap":
             configmap = None if event["type"] == "DELETED" else event.get("object")
     state = dedupe.update(rayjob, configmap, dedupe.name, dedupe.namespace)
-    if state.progress.status in ("finished", "failed"):
+    if state.progress.status in ("finished", "failed", "stopped"):
         return state
     try:
         kube.renew()
@@ -399,7 +399,10 @@ class TextLines:
     """Plain text when stdout is not a terminal (CI logs): one line per change."""
 
     def __init__(self, out: TextIO) -> None:
+        from submitter.pace import PaceWarning
+
         self.out = out
+        self.pace = PaceWarning()  # measured far from the estimate: said once
 
     def _write(self, text: str) -> None:
         self.out.write(f"{time.strftime('%H:%M:%S')} {text}\n")
@@ -413,6 +416,14 @@ class TextLines:
     def event(self, event: dict[str, Any], state: JobState) -> None:
         eta = eta_text(state.progress, utcnow()) if event.get("type") == "progress" else None
         self._write(f"{state.name} {describe(event)}{'  ' + eta if eta else ''}")
+        if event.get("type") == "progress":
+            warning = self.pace.check(state.estimate, state.measured(utcnow()))
+            if warning:
+                self._write(f"{state.name} {warning}")
+        if event.get("type") in ("run_finished", "run_stopped", "epoch_finished"):
+            lines = state.pace_lines(utcnow())  # measured vs estimated, at the milestones
+            if lines:
+                self._write(f"{state.name} measured vs estimated: " + "; ".join(lines))
 
     def done(self, state: JobState) -> None:
         self._write(f"{state.name} finished: {state.state}")
@@ -425,8 +436,12 @@ class Live:
         from rich.console import Console
         from rich.live import Live as RichLive
 
+        from submitter.pace import PaceWarning
+
         self._live = RichLive(console=Console(file=out), auto_refresh=False, transient=False)
         self._last_event = ""
+        self._pace = PaceWarning()
+        self._pace_warning = ""  # kept under the table once said
         self._live.start()
 
     def _render(self, state: JobState) -> Any:
@@ -445,6 +460,11 @@ class Live:
                                         self._last_event, eta) if x)
         if detail:
             lines.append(detail)  # type: ignore[arg-type]
+        lines.extend(state.pace_lines(utcnow()))  # type: ignore[arg-type]
+        warning = self._pace.check(state.estimate, state.measured(utcnow()))
+        self._pace_warning = warning or self._pace_warning
+        if self._pace_warning:
+            lines.append(self._pace_warning)  # type: ignore[arg-type]
         return Group(*lines)
 
     def status(self, state: JobState) -> None:

@@ -1,6 +1,9 @@
-"""`python -m training`: the RayJob's entrypoint. Exit 0 done, 1 failed, 2 bad input (or a run
-directory that is locked, holds another run, or is finished), 130 Ctrl-C, 143 preempted
-(SIGTERM: the preemption checkpoint is registered; a retry resumes from it).
+"""`python -m training`: the RayJob's entrypoint. Exit 0 done, or stopped by a limit
+(--deadline, --max-cost: its checkpoint is saved, run_stopped says why; 0 so that KubeRay
+neither retries the job nor starts a new cluster that would only be refused), 1 failed, 2 bad
+input (or a run directory that is locked, holds another run, or is finished, or a limit already
+spent), 130 Ctrl-C, 143 preempted (SIGTERM: the preemption checkpoint is registered; a retry
+resumes from it).
 
 `python -m training export NAME --storage-path P -o DIR` writes a run's model as a Hugging Face
 directory (what `submitter export` runs).
@@ -45,7 +48,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return e.exit_code
     except KeyboardInterrupt:
         return 130
-    return 0 if outcome.ok else 1
+    return 0 if outcome.ok or outcome.state.status == "stopped" else 1
 
 
 if __name__ == "__main__":

@@ -69,6 +69,11 @@ class SpecError(UsageError):
     """A JobSpec field has an invalid value."""
 
 
+class OverBudget(UsageError):
+    """`submit` refused before anything is applied: the estimate passes --max-cost or
+    --deadline (#38)."""
+
+
 class StoragePolicyError(UsageError):
     """The storage path would not survive the job (ephemeral, relative, outside the mount...)."""
 

@@ -35,6 +35,13 @@ JOB_UID_ANNOTATION = "submitter.dev/job-uid"
 #: Annotation on the checkpoint PVC: the last job document submitted for it (it outlives the
 #: RayJob), so `resume NAME` after `delete NAME` needs no flags retyped.
 JOB_DOCUMENT_ANNOTATION = "submitter.dev/job-document"
+#: Annotation on the RayJob `submit` applies: the likely estimate (`submitter estimate -o json`,
+#: compact JSON), so `watch`/`status`/`report` can compare the run against it (#38).
+ESTIMATE_ANNOTATION = "submitter.dev/estimate"
+#: A local run's estimate for its run.json (key RUN_ESTIMATE_KEY): `submit --local` passes it to
+#: `python -m training` in this variable (compact JSON), the driver records it with the run.
+ENV_ESTIMATE = "SUBMITTER_ESTIMATE"
+RUN_ESTIMATE_KEY = "estimate"
 
 
 def job_uid(namespace: str, name: str) -> str:

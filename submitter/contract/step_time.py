@@ -5,7 +5,7 @@ After SIGTERM the workers finish the step they are in, then save and upload the 
 the pod's preStop hook gives up (the grace period less the hook's margin). A step of 0.5 M
 tokens takes ~20 s on one T4 and well under a second on eight H100s: a short grace period with
 a slow card loses the checkpoint. The estimate is the scaling model's compute term
-(benchmarks/scaling_model.py): FLOPs per token x the step's tokens over the smallest group's
+(submitter.contract.scaling): FLOPs per token x the step's tokens over the smallest group's
 GPUs at ASSUMED_MFU of the card's dense 16-bit peak (submitter.contract.flops), plus the save:
 one host copy of the state at SAVE_BYTES_PER_S.
 """
@@ -24,6 +24,8 @@ if TYPE_CHECKING:
 
 #: Model FLOPs utilisation assumed: the GPU smoke run (training.gpu_smoke) measured 18-27%
 #: through Ray Train and 24-36% for one bare step, on an H200; the lower end, to warn early.
+#: Also the estimate's last MFU source (submitter.contract.estimate: own runs, then the
+#: measured table, then this).
 ASSUMED_MFU = 0.25
 #: Bytes a second for the preemption checkpoint: gather to host, write state.pt, upload it
 #: (one stream to an object store or a network filesystem: ~100-500 MB/s; the low end).

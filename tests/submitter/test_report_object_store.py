@@ -42,6 +42,19 @@ def test_report_of_a_cluster_run_in_s3(s3_server, runner, tmp_path):
     again = runner.invoke(main, ["report", NAME, "--storage-path", f"s3://{BUCKET}/runs/",
                                  "--output-dir", str(tmp_path / "again")])
     assert again.exit_code == 0, again.output
+    # what the run took (usage.json, written as the pod's UsageSink does) beside the events:
+    # report shows it, and an estimate on this storage finds it (issue 38)
+    from submitter.contract.usage import measure, read_usages
+    from submitter.report import usage_texts
+    from training.run.usage_file import write_text
+
+    usage = measure(a_run(), storage_kind="object-store")
+    write_text(uri.rsplit("/", 1)[0] + "/usage.json", usage.to_json())
+    took = runner.invoke(main, ["report", NAME, "-n", "team-a", "--storage-path",
+                                f"s3://{BUCKET}/runs", "--output-dir", str(tmp_path / "took")])
+    assert took.exit_code == 0 and "took: " in took.output, took.output
+    assert read_usages(f"s3://{BUCKET}/runs", usage_texts) == [usage]
+    assert read_usages(f"s3://{BUCKET}/runs") == []  # the contract alone reads no bucket
 
 
 def test_report_of_a_local_run_in_s3(s3_server, runner, tmp_path):

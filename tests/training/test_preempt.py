@@ -224,7 +224,8 @@ class _NoPoller:
 
 def _gate_rank(rank: int, world: int, rendezvous: str, signal_at: int, out) -> None:
     """One rank of a 2-process gloo group: 12 steps through a StepGate; rank 1 gets the request
-    during step `signal_at` (after the step began). Puts (rank, step it stopped at)."""
+    during step `signal_at` (after the step began); then 12 more where rank 0 asks for a
+    limit's stop during step 3. Puts (rank, (step it stopped at, (step, limit), flag left))."""
     from training.run import preempt as p
 
     gloo.join(rank, world, rendezvous)
@@ -238,7 +239,21 @@ def _gate_rank(rank: int, world: int, rendezvous: str, signal_at: int, out) -> N
             stopped = step
             break
     gate.close()
-    out.put((rank, stopped))
+    # a limit of the job (issue 38): rank 0 alone measures it; its code rides on the same
+    # flag, so every rank stops at the same step knowing it is the limit's (no retry)
+    p._requested.clear()
+    gate = p.StepGate()
+    limit = None
+    for step in range(1, 13):
+        if rank == 0 and step == 3:
+            p.request_limit_stop("deadline")
+        gate.begin()
+        if gate.stop():
+            limit = (step, p.limit_reason())
+            p.clear_limit_stop()
+            break
+    gate.close()
+    out.put((rank, (stopped, limit, p.requested())))
     gloo.leave()
 
 
@@ -260,7 +275,7 @@ def test_every_rank_stops_one_step_after_the_signal_whatever_progress_every(tmp_
     finally:
         for proc in procs:
             proc.join(timeout=30)
-    assert results == {0: 5, 1: 5}
+    assert results == {r: (5, (3, "deadline"), False) for r in (0, 1)}
 
 
 def test_a_rank_that_learns_it_from_the_others_starts_its_deadline_then(fresh_flags):

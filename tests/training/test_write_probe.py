@@ -109,3 +109,19 @@ def test_the_entrypoint_fails_before_ray_starts(storage, monkeypatch, capsys):
     assert code == 2, err
     assert err.startswith("error: --storage-path") and err.count("\n") == 1
     assert "not writable by the pod's user (uid 1000, gid 100)" in err
+
+
+@pytest.mark.parametrize("ok,status,code", [(True, "finished", 0), (False, "stopped", 0),
+                                            (False, "failed", 1)])
+def test_the_entrypoints_exit_code_says_whether_kuberay_should_retry(storage, monkeypatch,
+                                                                     ok, status, code):
+    """A run stopped by its --deadline or --max-cost saved its checkpoint and ended as asked:
+    exit 0, so KubeRay's backoffLimit does not start a new cluster only to be refused; a
+    failure exits 1 (retried)."""
+    from types import SimpleNamespace
+
+    from training import __main__ as entry, driver
+
+    outcome = SimpleNamespace(ok=ok, state=SimpleNamespace(status=status))
+    monkeypatch.setattr(driver, "run", lambda *a, **k: outcome)
+    assert entry.main(["--name", "limits", "--storage-path", str(storage)]) == code

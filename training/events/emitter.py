@@ -186,6 +186,14 @@ class Emitter:
     def preemption_requested(self) -> bool:
         return getattr(self, "preempt", False)
 
+    def stop_for_limit(self, reason: str, step: int) -> None:
+        """Rank 0 stopped the run for a limit of the job (its checkpoint is saved): the driver
+        records run_stopped once fit() returns."""
+        self.limit = {"reason": reason, "step": step}
+
+    def limit_stop(self) -> Optional[dict[str, Any]]:
+        return getattr(self, "limit", None)
+
     def since(self, seq: int) -> list[dict[str, Any]]:
         """This session's events with a seq above `seq` (for the driver's live output)."""
         return [e for e in self.session if e["seq"] > seq]
@@ -215,8 +223,14 @@ def _finite(fields: Mapping[str, Any]) -> dict[str, Any]:
 class RunEmitter(Emitter):
     """The emitter of one run, built where it lives (in the driver's Ray actor)."""
 
-    def __init__(self, run_dir: Optional[str], environ: Mapping[str, str]) -> None:
-        super().__init__(*run_sinks(run_dir, environ))
+    def __init__(self, run_dir: Optional[str], environ: Mapping[str, str],
+                 usage: Optional[Mapping[str, Any]] = None) -> None:
+        sinks, history = run_sinks(run_dir, environ)
+        if run_dir is not None and usage is not None:  # usage.json (training.run.usage_file)
+            from training.run.usage_file import UsageSink
+
+            sinks.append(UsageSink(run_dir, history, **usage))
+        super().__init__(sinks, history)
 
 
 def run_sinks(run_dir: Optional[str], environ: Mapping[str, str],

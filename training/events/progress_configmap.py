@@ -26,7 +26,7 @@ API_TIMEOUT = (5.0, 10.0)
 #: ConfigMap holds the state and the last events, so the next patch catches up.
 UNREACHABLE_PAUSE_S = 30.0
 #: Events that are always tried: the ConfigMap must say how the run ended.
-_ALWAYS_TRY = frozenset({"run_finished", "run_failed"})
+_ALWAYS_TRY = frozenset({"run_finished", "run_failed", "run_stopped"})
 
 
 class ConfigMapSink:

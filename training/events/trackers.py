@@ -691,7 +691,7 @@ class TrackerSink:
                 w.put("flush")
         if etype == "run_finished" and event.get("export_dir"):
             self._artifact(str(event["export_dir"]))
-        if etype in ("run_finished", "run_failed"):
+        if etype in ("run_finished", "run_failed", "run_stopped"):  # stopped: by a limit
             self.close(ok=etype == "run_finished")
 
     def _artifact(self, export_dir: str) -> None:

@@ -16,7 +16,7 @@ from submitter.contract import events as ev
 
 #: Events written through at once: what `watch`, `report` and a resumed driver must see.
 URGENT = frozenset({"run_started", "run_resumed", "worker_group_restarted", "checkpoint_saved",
-                    "epoch_finished", "run_finished", "run_failed"})
+                    "epoch_finished", "run_finished", "run_failed", "run_stopped"})
 
 
 def split_uri(uri: str) -> tuple[Any, str]:

@@ -31,6 +31,12 @@ _requested_at: list[float] = []
 #: True while a training loop that can act on the flag runs in this process.
 _armed = threading.Event()
 _fallback: Optional[Callable[..., Any]] = None
+#: Why a stop was asked for, when it is a limit of the job (submitter.contract.run_limits), not
+#: SIGTERM: such a stop saves its checkpoint and ends training normally (no retry).
+_limit: list[str] = []
+#: The flag each rank sends in the step's max-reduce: 1 a preemption, higher a limit (a limit
+#: wins when both come at once: the run ends either way, and a limit's end is not retried).
+LIMIT_FLAGS = {"deadline": 2.0, "max_cost": 3.0}
 
 
 #: The val_loss of a checkpoint that was not validated (ranks last, stays finite in JSON).
@@ -92,6 +98,37 @@ def request() -> None:
     _requested.set()
 
 
+def request_limit_stop(reason: str) -> None:
+    """A limit of the job passed (rank 0 measures it): stop at the next step boundary."""
+    if not _limit:
+        _limit[:] = [reason]
+    request()
+
+
+def limit_reason() -> Optional[str]:
+    """The limit a requested stop is for; None for a preemption (or no stop)."""
+    return _limit[0] if _limit else None
+
+
+def clear_limit_stop() -> None:
+    """After the limit's checkpoint: the loop returns normally; SIGTERM means "exit" again."""
+    _limit.clear()
+    _requested.clear()
+    _requested_at.clear()
+    _armed.clear()
+
+
+def _flag_value() -> float:
+    return LIMIT_FLAGS.get(limit_reason() or "", 1.0) if requested() else 0.0
+
+
+def _learn_flag(value: float) -> None:
+    """What another rank's flag says, here: a limit's reason too."""
+    if not _limit:
+        _limit[:] = [r for r, v in LIMIT_FLAGS.items() if v == value][:1]
+    request()
+
+
 def seconds_left(budget_s: float, now: Optional[float] = None) -> float:
     """What is left of a worker's budget (ExitChain.worker_save_s) counted from when this
     process learned of the preemption (now, if it has not)."""
@@ -142,7 +179,7 @@ class StepGate:
             return
         import torch
 
-        self._flag = torch.tensor([1.0 if requested() else 0.0])
+        self._flag = torch.tensor([_flag_value()])
         self._work = self.dist.all_reduce(self._flag, op=self.dist.ReduceOp.MAX,
                                           group=self.group, async_op=True)
 
@@ -154,7 +191,7 @@ class StepGate:
         self._work.wait()
         self._work = None
         if self._flag.item() > 0:
-            request()  # a rank that learns it from the others starts its deadline now
+            _learn_flag(self._flag.item())  # a rank that learns it starts its deadline now
             return True
         return False
 
