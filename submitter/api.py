@@ -83,11 +83,13 @@ def submit(spec: JobSpec, *, dry_run: str = "none", context: str | None = None,
 def prepare(spec: JobSpec, *, dry_run: str = "none", context: str | None = None,
             kubeconfig: str | None = None, kube: "Kube | None" = None,
             request_timeout: float | None = None, watch: bool = False, output: str = "text",
-            out: TextIO | None = None, err: TextIO | None = None) -> Submitted:
+            out: TextIO | None = None, err: TextIO | None = None,
+            force: bool = False) -> Submitted:
     """`submitter data prepare`: the prepare job (`python -m training.prepare` on CPU workers,
     the same objects, ownership and storage as a training job) applied as `submit` applies a
-    job; it writes the prepared corpus `<storage>/<namespace>/corpora/<name>`."""
-    return _apply(spec, "prepare", dry_run=dry_run, context=context, kubeconfig=kubeconfig,
+    job; it writes the prepared corpus `<storage>/<namespace>/corpora/<name>` (`force`: every
+    shard made again, whole or not)."""
+    return _apply(spec, "prepare-force" if force else "prepare", dry_run=dry_run, context=context, kubeconfig=kubeconfig,
                   kube=kube, request_timeout=request_timeout, watch=watch, output=output,
                   out=out, err=err)
 
@@ -101,7 +103,14 @@ def _apply(spec: JobSpec, program: str | None, *, dry_run: str, context: str | N
     spec = placed(spec, context, kubeconfig)
     plan = render_plan(spec, program)
     captured = io.StringIO() if out is None else None
-    code = submit_job(spec, plan=plan, dry_run=dry_run, watch=watch, output=output,
+    applied = plan
+    if program is None:  # a training job: its estimate's guards first, then recorded on it (#38)
+        from submitter.estimating import checked_estimate, with_estimate
+
+        est = checked_estimate(spec, local=False, kubeconfig=kubeconfig,
+                               err=err or out or captured, show=dry_run != "none")
+        applied = plan if dry_run == "client" else with_estimate(plan, est)  # GitOps: render's
+    code = submit_job(spec, plan=applied, dry_run=dry_run, watch=watch, output=output,
                       context=context, kubeconfig=kubeconfig, kube=kube,
                       request_timeout=request_timeout, out=out or captured,
                       err=err or out or captured)

@@ -18,7 +18,8 @@ import click
 
 from submitter import __version__
 from submitter.cli_help import GroupedCommand
-from submitter.cli_options import (NAMESPACE_HELP, apply_options, cluster_options, context_namespace_options,
+from submitter.cli_options import (NAMESPACE_HELP, OutputChoice, apply_options, cluster_options,
+                                   context_namespace_options, kubeconfig_options,
                                    add_params, default_namespace, given_settings, job_option,
                                    refuse_local_dry_run, request_timeout, shown_default,
                                    spec_namespace, subcommand_context)
@@ -235,6 +236,12 @@ def render(output: str | None, output_dir: str | None, helm_values: bool,
                       from_context=namespace_from_context)
     plan = render_plan(spec)  # storage policy first: nothing is written when it refuses
     grace_warning(spec)
+    if spec.script is None:  # what the run will take, one block (#38); never a refusal here
+        from submitter.estimating import shown_block
+
+        block = shown_block(spec, local=False, kubeconfig=kubeconfig)
+        if block:
+            click.echo(block, err=True)
     if spec.script is not None:
         from submitter.code_plan import storage_note
 
@@ -361,6 +368,71 @@ def submit(local: bool, dry_run: str, watch_after: bool, output: str, kube_conte
                         err=sys.stderr).exit_code)
 
 
+# --- estimate (#38): what the run will take, before it starts -------------------------------
+
+#: The job name an estimate uses when none is given (a name changes no figure).
+UNNAMED = "estimate"
+
+
+def estimate_spec(options: dict[str, Any], local: bool, context: str | None,
+                  kubeconfig: str | None) -> Any:
+    """The job as `submit` (or `submit --local`) would run it; --name may be left out."""
+    from submitter.cli_options import spec_namespace
+    from submitter.contract.spec import JobSpec, normalize_keys
+
+    file_values, flags = spec_values(options)
+    if "name" not in flags and not normalize_keys(file_values).get("name"):
+        flags["name"] = UNNAMED
+    if local:
+        from submitter.local import local_spec, local_storage_path
+
+        return local_spec(file_values, flags, local_storage_path(file_values, flags))
+    given = "namespace" in flags or "namespace" in file_values
+    namespace = spec_namespace(given, True, context, kubeconfig)
+    if namespace is not None:
+        flags["namespace"] = namespace
+    return JobSpec.build(file_values, **flags)
+
+
+@main.command(cls=GroupedCommand)
+@spec_options
+@click.option("--local", is_flag=True,
+              help="estimate the run `submit --local` makes (CPU workers on this machine): its "
+                   "hours come from your finished local runs' measured tokens/s")
+@click.option("-o", "--output", type=OutputChoice(["text", "json"]), default="text",
+              help="text (default) or json: tokens, steps, hours, gpu_hours, cost (likely), "
+                   "low and high, and sources")
+@kubeconfig_options
+@click.argument("script_argv", nargs=-1, metavar="[-- SCRIPT_ARGS...]")
+def estimate(local: bool, output: str, kube_context: str | None, kubeconfig: str | None,
+             script_argv: tuple[str, ...], **options: Any) -> None:
+    """Estimate a run before it starts: tokens per epoch and in all, the global batch, optimizer
+    steps, step time, wall-clock, GPU-hours and cost, each likely with its low-high range, and
+    where every input came from. Takes the flags and job file of `submit`.
+
+    The MFU comes from your newest finished run of the same model and card on the same storage,
+    else the project's measured table, else a stated default; prices from --gpu-hour-price or
+    submitter-prices.yaml beside your kubeconfig (no built-in prices). See docs/estimating.md.
+
+    \b
+    Examples:
+      submitter estimate --replicas 8 --gpu-per-pod 1 --gpu-type H100 --data fineweb10b
+      submitter estimate -f job.yaml --gpu-hour-price 2.49 -o json
+      submitter estimate --local --data my-corpus
+    """
+    import json
+
+    from submitter.contract.estimate import text_block
+    from submitter.estimating import estimate_for
+
+    spec = estimate_spec(with_script_argv(options, script_argv), local, kube_context, kubeconfig)
+    est = estimate_for(spec, local=local, kubeconfig=kubeconfig)
+    if output == "json":
+        click.echo(json.dumps(est.to_dict(), indent=2))
+    else:
+        click.echo(text_block(est))
+
+
 def _complete_job_names(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[str]:
     from submitter.cli_cluster import complete_job_names
 
@@ -401,6 +473,8 @@ def report(name: str, storage_path: str | None, namespace: str | None, output_di
     written = api.report(name, storage_path=storage_path, namespace=namespace or _DEFAULTS["namespace"],
                          out_dir=output_dir, context=kube_context, kubeconfig=kubeconfig)
     click.echo(f"wrote {written.png} and {written.html}")
+    for line in written.took:  # what the run took beside its estimate (#38)
+        click.echo(line)
 
 
 @main.command()

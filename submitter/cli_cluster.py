@@ -102,6 +102,8 @@ def _print_states(states: list, output: str, single: bool, *, namespaces: bool =
             click.echo(f"note: {note}", err=True)
         if single:
             for s in states:
+                if s.progress.data:  # what it trains on (a mixture: each corpus's share)
+                    click.echo(f"data: {s.progress.data}")
                 if s.diagnosis:
                     click.echo(f"blocked: {s.diagnosis}")
                 if s.stalled:
@@ -111,6 +113,20 @@ def _print_states(states: list, output: str, single: bool, *, namespaces: bool =
                 eta = None if s.terminal else eta_text(s.progress, utcnow())
                 if eta:
                     click.echo(eta)
+                _print_pace(s)
+
+
+def _print_pace(state: Any) -> None:
+    """Measured against the estimate recorded with the job, and a warning when far off (#38)."""
+    from submitter.pace import off_pace
+    from submitter.state import utcnow
+
+    lines = state.pace_lines(utcnow())
+    if lines:
+        click.echo("measured vs estimated: " + "; ".join(lines))
+        warning = off_pace(state.estimate, state.measured(utcnow()))
+        if warning:
+            click.echo(warning)
 
 
 @click.command(epilog=exit_codes_epilog())

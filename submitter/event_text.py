@@ -26,7 +26,8 @@ def describe(event: Mapping[str, Any]) -> Optional[str]:
         already = " (prepared before: nothing written)" if event.get("already") else ""
         return (f"corpus ready{already}: {event.get('shards')} training shard(s), "
                 f"{fmt(event.get('tokens'), ',')} training and {fmt(event.get('val_tokens'), ',')} "
-                f"validation tokens in {event['corpus']}")
+                f"validation tokens{f' ({hold})' if (hold := event.get('hold_out')) else ''} "
+                f"in {event['corpus']}")
     if t == "run_started":
         return (f"run {event['run_name']} started: {event['num_workers']} worker(s), "
                 f"{event.get('epochs', '?')} epoch(s) x {event.get('steps_per_epoch', '?')} steps, "
@@ -38,9 +39,11 @@ def describe(event: Mapping[str, Any]) -> Optional[str]:
                 f"lr {fmt(event['lr'], '.2e')}  {fmt(event['tokens_per_sec'], ',.0f')} tok/s")
     if t == "epoch_finished":
         return (f"epoch {event['epoch']} done: train_loss {fmt(event['train_loss'])}  "
-                f"val_loss {fmt(event['val_loss'])}  {fmt(event['tokens_per_sec'], ',.0f')} tok/s")
+                f"{val_loss_text(event.get('val_loss'))}  "
+                f"{fmt(event['tokens_per_sec'], ',.0f')} tok/s")
     if t == "checkpoint_saved":
-        why = " (preemption)" if event.get("reason") == "preemption" else ""
+        why = (f" ({event['reason'].replace('_', ' ')})"
+               if event.get("reason") in ("preemption", "deadline", "max_cost") else "")
         return f"checkpoint saved{why}: {event['path']}"
     if t == "worker_group_restarted":
         return (f"worker group restarted (attempt {event['attempt']}), resumed from "
@@ -54,6 +57,8 @@ def describe(event: Mapping[str, Any]) -> Optional[str]:
         return f"resuming from {event['resumed_from']} (epoch {event['epoch']}, step {event['step']})"
     if t == "run_failed":
         return f"FAILED: {event['error']}"
+    if t == "run_stopped":
+        return f"STOPPED ({event['reason']}): {event['message']}"
     if t == "run_finished":
         return "training finished"
     if t == "tracker_failed":
@@ -64,6 +69,17 @@ def describe(event: Mapping[str, Any]) -> Optional[str]:
     return None
 
 
+
+
+#: What a run without validation says instead of a val_loss (and of a best checkpoint).
+NO_VALIDATION = "no validation split"
+NO_VALIDATION_CHECKPOINTS = f"{NO_VALIDATION}: checkpoints kept by recency"
+
+
+def val_loss_text(val_loss: Any) -> str:
+    """`val_loss 2.1234`, or plainly that nothing was validated (not `val_loss n/a`): the
+    corpus has no validation split, or one smaller than a micro-batch per worker."""
+    return NO_VALIDATION if val_loss is None else f"val_loss {fmt(val_loss)}"
 
 
 #: The most metrics of a script's report one line shows.

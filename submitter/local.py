@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -21,11 +22,11 @@ from typing import Any, Mapping, Optional, TextIO
 
 from submitter.contract import events as ev
 from submitter.contract.errors import StoragePolicyError, UsageError
-from submitter.contract.naming import ENV_JOB, EVENTS_FILE
+from submitter.contract.naming import ENV_ESTIMATE, ENV_JOB, EVENTS_FILE
 from submitter.contract.spec import LOCAL_DEFAULTS, JobSpec, local_default_flags, normalize_keys
 from submitter.contract.stack import require_training_stack
 from submitter.contract.storage import check_local_storage
-from submitter.event_text import describe, fmt as _fmt
+from submitter.event_text import NO_VALIDATION_CHECKPOINTS, describe, fmt as _fmt, val_loss_text
 
 #: Seconds the child gets to record an interrupted run and stop Ray after Ctrl-C.
 INTERRUPT_GRACE_S = 30.0
@@ -106,7 +107,11 @@ def run_local(file_values: Mapping[str, Any], flags: Mapping[str, Any], output: 
     if output not in ("text", "json"):
         raise UsageError(f"-o {output} is for cluster submits; use -o text or -o json with --local")
     storage = local_storage_path(file_values, flags)
+    file_values, flags = local_files(file_values), local_files(flags)
     spec = local_spec(file_values, flags, storage)
+    from submitter.estimating import checked_estimate, compact
+
+    est = checked_estimate(spec, local=True, err=sys.stderr)  # --max-cost/--deadline: exit 2 here
     require_training_stack("submit --local", spec.dataset, spec.data)
     out = stream or sys.stdout
     view = JsonView(out) if output == "json" else (
@@ -117,13 +122,14 @@ def run_local(file_values: Mapping[str, Any], flags: Mapping[str, Any], output: 
         if line:
             view.notice(line)
     with view:
-        outcome = follow_child(spec, storage, view)
+        outcome = follow_child(spec, storage, view,
+                               env_extra={ENV_ESTIMATE: compact(est)} if est is not None else None)
     view.summary(outcome)
     return outcome.exit_code
 
 
 def run_prepare_local(flags: Mapping[str, Any], output: str = "text",
-                      stream: Optional[TextIO] = None) -> int:
+                      stream: Optional[TextIO] = None, force: bool = False) -> int:
     """`submitter data prepare --local`: `python -m training.prepare` as a child process, as
     `submit --local` runs `python -m training`; the corpus goes to `<storage>/corpora/<name>`
     (default storage: `$PWD/runs`, as a local run's)."""
@@ -131,19 +137,59 @@ def run_prepare_local(flags: Mapping[str, Any], output: str = "text",
         raise UsageError(f"-o {output} is for the cluster's objects; use -o text or -o json "
                          "with --local")
     storage = local_storage_path({}, flags)
+    flags = local_files(flags)
     spec = local_spec({}, flags, storage)
     require_training_stack("data prepare --local", spec.dataset, spec.data)
     out = stream or sys.stdout
     view = JsonView(out) if output == "json" else PlainView(out)
     with view:
-        outcome = follow_child(spec, storage, view, [sys.executable, "-m", "training.prepare"])
+        outcome = follow_child(spec, storage, view, [sys.executable, "-m", "training.prepare",
+                                                     *(["--force"] if force else [])])
     given = f" --storage-path {storage}" if flags.get("storage_path") else ""
+    given += train_tokenizer_flags(flags)
     lines = ([f"train on it: submitter submit --local --data {spec.name}{given}"]
-             if outcome.ok else [f"prepare {'refused' if outcome.exit_code == 2 else 'failed'}: "
+             if outcome.ok else [f"prepare {'refused' if outcome.exit_code in (2, 8) else 'failed'}: "
                                  f"{outcome.error}"])
     for line in lines:
         (sys.stderr if output == "json" else out).write(line + "\n")
     return outcome.exit_code
+
+
+#: The settings that name a file the program reads (a local run reads them on this machine).
+LOCAL_FILE_SETTINGS = ("data", "val_data", "bpe_file")
+
+
+def local_files(values: Mapping[str, Any]) -> dict[str, Any]:
+    """A local run reads its files here: a relative or `~` path (not a corpus NAME, not a URI)
+    becomes absolute, and one that is not there is refused now (one line, exit 2), before
+    anything starts or is written."""
+    from submitter.contract.data_path import is_corpus_name, looks_like_mixture
+    from submitter.contract.storage import scheme_of
+
+    out = dict(values)
+    for key in LOCAL_FILE_SETTINGS:
+        value = out.get(key)
+        if not isinstance(value, str) or not value or scheme_of(value):
+            continue
+        if key != "bpe_file" and (is_corpus_name(value) or looks_like_mixture(value)):
+            continue  # a prepared corpus under the storage path: the program looks it up
+        path = os.path.abspath(os.path.expanduser(value))
+        if not os.path.exists(path):
+            raise UsageError(f"--{key.replace('_', '-')} {value}: no such file or directory "
+                             f"here ({path}); give a path on this machine or a bucket URI")
+        out[key] = path
+    return out
+
+
+def train_tokenizer_flags(flags: Mapping[str, Any]) -> str:
+    """The tokenizer flags a prepare was given, for the `submit` that trains on its corpus
+    (which refuses another tokenizer): ` --tokenizer T --bpe-file F`, or ''."""
+    out = ""
+    for key in ("tokenizer", "bpe_file"):
+        if flags.get(key) is not None:
+            value = str(flags[key])
+            out += f" --{key.replace('_', '-')} {shlex.quote(value)}"
+    return out
 
 
 def child_command() -> list[str]:
@@ -157,13 +203,15 @@ def script_command() -> list[str]:
 
 
 def follow_child(spec: JobSpec, storage: str, view: "PlainView",
-                 command: Optional[list[str]] = None) -> LocalOutcome:
+                 command: Optional[list[str]] = None,
+                 env_extra: Optional[Mapping[str, str]] = None) -> LocalOutcome:
     """Run `python -m training` (or `command`: another program behind the same contract) with
-    the job document; show its events as they come."""
+    the job document; show its events as they come. `env_extra`: e.g. the estimate
+    (ENV_ESTIMATE) the run records in its run.json."""
     from submitter.code_plan import local_code_env
 
     env = {**os.environ, ENV_JOB: spec.document(), "PYTHONUNBUFFERED": "1",
-           **local_code_env(spec)}
+           **local_code_env(spec), **(env_extra or {})}
     env.pop("RAY_ADDRESS", None)  # always an embedded Ray, never someone's cluster
     command = command or (child_command() if spec.script is None else script_command())
     proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, text=True,
@@ -188,11 +236,14 @@ def follow_child(spec: JobSpec, storage: str, view: "PlainView",
                                 "storage path to continue from the last checkpoint")
         return LocalOutcome(False, state, run_dir, error, 130)
     ok = code == 0 and state.status == "finished"
+    for line in reader.pace_lines():
+        view.notice(f"measured vs estimated: {line}")
     program = " ".join(["python", *command[1:]])
     error = None if ok else (state.error or (
-        f"the reason is the error line above ({program} exited 2 before training)"
-        if code == 2 else f"{program} exited with code {code}"))
-    return LocalOutcome(ok, state, run_dir, error, 0 if ok else (2 if code == 2 else 1))
+        f"the reason is the error line above ({program} exited {code} before training)"
+        if code in (2, 8) else f"{program} exited with code {code}"))
+    # 2: bad input; 8: a conflict (another prepare holds the corpus's lease); else failed
+    return LocalOutcome(ok, state, run_dir, error, 0 if ok else (code if code in (2, 8) else 1))
 
 
 class _Reader:
@@ -200,8 +251,13 @@ class _Reader:
     notices (what the entrypoint says about storage, data, the model)."""
 
     def __init__(self, proc: subprocess.Popen, view: "PlainView") -> None:
+        from submitter.pace import PaceWarning
+
         self.proc, self.view, self.state = proc, view, ev.ProgressState()
         self.run_dir: Optional[str] = None
+        self.events: list[dict[str, Any]] = []
+        self.estimate: Optional[dict[str, Any]] = None  # run.json's (submitter.pace, #38)
+        self.pace = PaceWarning()
 
     def pump(self) -> None:
         assert self.proc.stdout is not None
@@ -209,11 +265,42 @@ class _Reader:
             event = ev.parse_line(line) if line.startswith(ev.STDOUT_PREFIX) else None
             if event is not None:
                 self.state = ev.apply(self.state, event)
+                self.events.append(event)
                 if event["type"] == "run_started" and isinstance(event.get("run_dir"), str):
                     self.run_dir = event["run_dir"]
+                    self.estimate = run_estimate(self.run_dir)
                 self.view.event(event)
+                if event["type"] == "progress":
+                    self._check_pace()
             elif line.strip():
                 self.view.notice(line.rstrip("\n"))
+
+    def _check_pace(self) -> None:
+        from submitter.pace import measured_from_events
+
+        warning = self.pace.check(self.estimate, measured_from_events(self.events, self.state))
+        if warning:
+            self.view.notice(warning)
+
+    def pace_lines(self) -> list[str]:
+        """Measured against the estimate at the end of the run ([] without one)."""
+        from submitter.pace import comparison, measured_from_events
+
+        if not self.estimate or not self.events:
+            return []
+        return comparison(self.estimate, measured_from_events(self.events, self.state))
+
+
+def run_estimate(run_dir: str) -> Optional[dict[str, Any]]:
+    """The estimate recorded in the run's run.json (naming.RUN_ESTIMATE_KEY), None without one."""
+    from submitter.contract.naming import RUN_ESTIMATE_KEY
+
+    try:
+        with open(os.path.join(run_dir, "run.json"), encoding="utf-8") as f:
+            value = json.load(f).get(RUN_ESTIMATE_KEY)
+    except (OSError, ValueError, AttributeError):
+        return None
+    return value if isinstance(value, dict) else None
 
 
 def _interrupt(proc: subprocess.Popen, reader: _Reader) -> None:
@@ -252,6 +339,8 @@ def _is_tty(stream: TextIO) -> bool:
 def summary_lines(outcome: Any) -> list[str]:
     """The end of the output: final metrics and where the checkpoints are."""
     s = outcome.state
+    if not outcome.ok and getattr(s, "status", None) == "stopped":  # a limit: not a failure
+        return [f"stopped: {outcome.error}", f"checkpoints: {outcome.run_dir}"]
     if not outcome.ok:
         return failure_lines(outcome.error, outcome.run_dir,
                              refused=getattr(outcome, "exit_code", 1) == 2)
@@ -259,10 +348,12 @@ def summary_lines(outcome: Any) -> list[str]:
     kept = sorted(d for d in _listdir(outcome.run_dir)
                   if d.startswith("checkpoint_") and os.path.isdir(os.path.join(outcome.run_dir, d)))
     lines = [f"final: epoch {m.get('epoch')}, step {m.get('step')}, "
-             f"train_loss {_fmt(m.get('train_loss'))}, val_loss {_fmt(m.get('val_loss'))}, "
+             f"train_loss {_fmt(m.get('train_loss'))}, {val_loss_text(m.get('val_loss'))}, "
              f"{_fmt(m.get('tokens_per_sec'), ',.0f')} tokens/s",
              f"checkpoints: {outcome.run_dir} ({len(kept)} kept: {', '.join(kept)})"]
-    if m.get("best_checkpoint"):
+    if m.get("val_loss") is None:  # Ray Train ranked them by report order (scored())
+        lines.append(NO_VALIDATION_CHECKPOINTS)
+    elif m.get("best_checkpoint"):
         lines.append(f"best checkpoint (val_loss): {m['best_checkpoint']}")
     lines.append(f"events: {os.path.join(outcome.run_dir, EVENTS_FILE)}")
     if m.get("export_dir"):

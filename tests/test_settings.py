@@ -31,7 +31,7 @@ SAMPLES = {
     "existing_pvc": "team-ckpt", "allow_ephemeral_storage": True,
     "model": "tiny", "epochs": 5, "max_steps_per_epoch": 100, "batch_size_per_worker": 4,
     "block_size": 64, "learning_rate": 3e-4, "warmup_steps": 10, "weight_decay": 0.05,
-    "grad_clip": 0.5, "seed": 7, "fsdp": True, "precision": "bf16", "compile": "on",
+    "grad_clip": 0.5, "seed": 7, "restart_epoch": True, "fsdp": True, "precision": "bf16", "compile": "on",
     "global_batch_size": 64,
     "dataset": "org/corpus", "dataset_config": None, "data": "s3://bucket/corpus/",
     "data_format": "jsonl", "text_column": "body", "tokenizer": "byte",
@@ -48,6 +48,7 @@ SAMPLES = {
     "priority_class": "high", "queue": "team-a", "runtime_class": "nvidia",
     "service_account": "irsa-ml", "image_pull_secret": ["regcred", "other"],
     "ray_auth": "disabled", "network_policy": False, "termination_grace_period": 30,
+    "gpu_hour_price": 2.49, "max_cost": 500.0, "deadline": "12h",  # #38: reach the run as data
     "operator_selector": "app=kuberay,team=platform", "metrics_selector": "",
     "dashboard_cidr": ["172.16.0.0/28"],
     # your own script (absolute: the test's working directory is not the script's)

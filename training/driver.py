@@ -72,8 +72,8 @@ def claim_run_dir(cfg: TrainConfig, notice: Notice, environ: Any = os.environ) -
     record a new run's settings (run.json). Raises UsageError subclasses (exit 2)."""
     from training.events.emitter import events_sink
     from training.gpt2.model import PRESETS
-    from training.run.identity import (RUN_FILE, check_not_finished, claim_run, identity,
-                                       join, lock_run_dir, read_json)
+    from training.run.identity import (RUN_FILE, check_not_finished, claim_run, estimate_extra,
+                                       identity, join, lock_run_dir, read_json)
     from training.data.tokens import get_encoding, resolve_tokenizer
 
     run_dir = run_dir_of(cfg)
@@ -86,7 +86,7 @@ def claim_run_dir(cfg: TrainConfig, notice: Notice, environ: Any = os.environ) -
         # the ranks file the tokenizer really came from (an image's baked-in one too): export
         # copies it beside the model
         job = {**cfg.job.to_dict(), "bpe_file": tok_spec.bpe_file or cfg.bpe_file}
-        notice(claim_run(run_dir, job, ident))
+        notice(claim_run(run_dir, job, ident, extra=estimate_extra(environ)))
         history = events_sink(run_dir).read()  # events.jsonl: a file, or an object
         check_not_finished(ev.fold(history), cfg.epochs, run_dir, cfg.run_name)
         return Claim(tok_spec, tok_line, read_json(join(run_dir, RUN_FILE)), lock)
@@ -103,6 +103,8 @@ class Prepared:
     sequences: int     # whole training sequences of the job's block
     line: str          # what the run says about its data
     why: str           # why this path (the run's first lines)
+    parts: tuple = ()  # a mixture's corpora: ({"name", "uri", "weight"}, ...)
+    no_val: Optional[str] = None  # the line saying it validates nothing (run_plan.no_validation)
 
 
 def check_prepared(cfg: TrainConfig) -> Optional[Prepared]:
@@ -117,6 +119,18 @@ def check_prepared(cfg: TrainConfig) -> Optional[Prepared]:
     from training.data.reader import corpus_uri, open_manifest
     from training.data.tokens import get_encoding, resolve_tokenizer
 
+    if cfg.job.data_path.mixture:  # prepared corpora by NAME, mixed by weight
+        from training.data.reader import check_mixture
+
+        if cfg.val_data is not None:
+            raise sh.CorpusError(f"--val-data {cfg.val_data}: a mixture validates on its "
+                                 f"corpora's own validation shards; leave --val-data out")
+        tok_spec, _ = resolve_tokenizer(cfg.tokenizer, cfg.bpe_file)
+        parts, sequences, line = check_mixture(
+            cfg.job.data_path.mixture, cfg.storage_path,
+            sh.tokenizer_identity(get_encoding(tok_spec)), cfg.job.block,
+            cfg.job.batch_plan().global_batch, run_dir_of(cfg), cfg.job.restart_epoch)
+        return Prepared(parts[0]["uri"], sequences, line, cfg.job.data_path.why, tuple(parts))
     if cfg.data is not None and not cfg.job.data_path.name:
         check_pod_file("--data", cfg.data, cfg.storage_mount)  # the policy: one line, exit 2
     uri = corpus_uri(cfg.data, cfg.dataset, cfg.storage_path)
@@ -137,14 +151,35 @@ def check_prepared(cfg: TrainConfig) -> Optional[Prepared]:
             f"--data {cfg.data}: {sequences} training sequences of {block} tokens, fewer than "
             f"one optimizer step ({step}): prepare more data, or lower --global-batch-size "
             f"(or --block-size)")
+    # a resume mid-epoch in an order this corpus and block no longer give: refused here
+    from training.data.reader import check_resumed_order
+
+    check_resumed_order(uri, manifest, block, run_dir_of(cfg), cfg.job.restart_epoch)
     chosen = cfg.job.data_path
     why = (chosen.why if chosen.kind == PREPARED else
            f"{uri} holds {sh.MANIFEST}: its shards are read by position in the workers, "
            "nothing tokenized, no Ray Data")
+    from training.run_plan import no_validation
+
+    val = sum(s.tokens // block for s in manifest.split(sh.VAL))
     return Prepared(uri, sequences, (
         f"data: prepared corpus {manifest.name} at {uri}: {manifest.tokens(sh.TRAIN):,} training "
         f"tokens in {len(manifest.split(sh.TRAIN))} shard(s) ({manifest.dtype}, "
-        f"{manifest.tokenizer.get('encoding')}), {sequences:,} sequences of {block}"), why)
+        f"{manifest.tokenizer.get('encoding')}), {sequences:,} sequences of {block}"), why,
+        no_val=no_validation(val, f"corpus {manifest.name} holds "
+                                  f"{manifest.tokens(sh.VAL):,} validation tokens, "
+                                  f"no sequence of {block}"))
+
+
+def check_on_the_fly(cfg: TrainConfig) -> None:
+    """--data / --val-data read on the fly: what Ray Data's readers would fail on inside Ray (a
+    traceback per task, exit 1) is refused before Ray starts, in one line naming the file
+    (training.data.pipeline.check_files)."""
+    from training.data.pipeline import check_files
+
+    for flag, data in (("--data", cfg.data), ("--val-data", cfg.val_data)):
+        if data:
+            check_files(data, cfg.data_format, cfg.text_column, flag)
 
 
 def run_dir_of(cfg: TrainConfig) -> str:
@@ -241,39 +276,79 @@ def run(cfg: TrainConfig, *, on_event: OnEvent, notice: Notice = print,
     """Train; every event goes to the sinks and to `on_event`. Never raises for a training
     failure (the outcome says it). The storage was checked by `prepare_run`; a run directory
     that is locked, holds another run or a finished one raises UsageError before Ray starts."""
+    import time
+
+    started_at = time.time()  # the segment's wall-clock counts from here (run_limits)
     quiet_logs()
     from training.events.trackers import check_installed
 
     check_installed(os.environ)  # MLflow/W&B asked for and not installed: exit 2, nothing started
     prepared = check_prepared(cfg)  # a bad corpus: exit 2, nothing started or written
+    if prepared is None:
+        check_on_the_fly(cfg)  # files Ray Data would fail on: exit 2, nothing started
     notice(f"data path: prepared: {prepared.why}" if prepared is not None
            else f"data path: on the fly: {cfg.job.data_path.why}")
     claim = claim_run_dir(cfg, notice)
     from training.run.logs import kept_logs
 
     try:
+        limits = segment_limits(cfg, started_at, claim.record, notice)  # spent: exit 2
         with kept_logs(run_dir_of(cfg), cfg.job.to_dict()):  # <run>/logs/: outlives the pods
-            return _run_claimed(cfg, claim, on_event, notice, poll_seconds, prepared)
+            return _run_claimed(cfg, claim, on_event, notice, poll_seconds, prepared, limits)
     finally:
         claim.release()
 
 
+def segment_limits(cfg: TrainConfig, started_at: float, record: Optional[dict[str, Any]] = None,
+                   notice: Notice = print) -> Any:
+    """This segment's limits (--deadline, --max-cost over the whole run: the earlier segments'
+    wall-clock and hours from events.jsonl; the price from the job, else from the estimate
+    run.json `record` holds); UsageError (exit 2) when the run's budget is already spent, so a
+    retry or a resume with the same limit starts nothing."""
+    from submitter.contract.errors import UsageError
+    from submitter.contract.naming import RUN_ESTIMATE_KEY
+    from submitter.contract.run_limits import limits_of, spent
+    from submitter.contract.usage import billed_hours, segments
+    from training.events.emitter import events_sink
+
+    history = events_sink(run_dir_of(cfg)).read()
+    estimate = (record or {}).get(RUN_ESTIMATE_KEY)
+    limits = limits_of(cfg.job, prior_wall_s=sum(s.end - s.start for s in segments(history)),
+                       prior_billed_hours=billed_hours(history), started_at=started_at,
+                       use_gpu=cfg.use_gpu,
+                       estimate_price=estimate.get("gpu_hour_price")
+                       if isinstance(estimate, dict) else None)
+    refusal = spent(limits, cfg.num_workers)
+    if refusal:
+        raise UsageError(f"run {cfg.run_name}: {refusal}")
+    if limits.max_cost is not None and not limits.price:
+        notice(f"--max-cost {limits.max_cost:g} is not checked while the run trains: no price "
+               "reached the run (give --gpu-hour-price)")
+    return limits
+
+
 def _run_claimed(cfg: TrainConfig, claim: Claim, on_event: OnEvent, notice: Notice,
-                 poll_seconds: float, prepared: Optional[Prepared] = None) -> RunOutcome:
+                 poll_seconds: float, prepared: Optional[Prepared] = None,
+                 limits: Any = None) -> RunOutcome:
     from training.run.preempt import DriverPreemption
 
     ensure_ray(cfg)
     import ray
 
-    hub = _start_hub(cfg)
+    from training.run.usage_file import storage_kind
+
+    # usage.json beside the events (training.run.usage_file): its storage kind and the price
+    hub = _start_hub(cfg, {"storage_kind": storage_kind(cfg.storage_path, os.environ),
+                           "price": limits.price if limits is not None else None})
     poller = EventPoller(hub, on_event, poll_seconds, notice)
     # every wait on the way out, from the job's grace period (submitter.contract.shutdown)
     chain = exit_chain(cfg.termination_grace_period)
     preemption = DriverPreemption(hub, chain.driver_wait_s)
     try:
-        trainer, facts = _prepare(cfg, hub, notice, claim, prepared)
+        trainer, facts = _prepare(cfg, hub, notice, claim, prepared, limits)
         ray.get(hub.emit.remote("run_started", run_name=cfg.run_name, num_workers=cfg.num_workers,
-                                storage_path=cfg.storage_path, run_dir=run_dir_of(cfg), **facts))
+                                storage_path=cfg.storage_path, run_dir=run_dir_of(cfg),
+                                **_started_at(limits), **facts))
         poller.tell_problems()  # a sink that cannot write says so now, not at the first poll
         poller.start()
         preemption.install()
@@ -282,6 +357,10 @@ def _run_claimed(cfg: TrainConfig, claim: Claim, on_event: OnEvent, notice: Noti
         if preemption.fired:  # Ray Train's Ctrl-C handler aborted fit() for us
             raise KeyboardInterrupt
         final = _final_fields(cfg, result)
+        stop = ray.get(hub.limit_stop.remote())
+        if stop is not None:  # a limit passed: its checkpoint is saved, the run ends short
+            _wait_for_checkpoint_event(hub, final.get("latest_checkpoint"))
+            raise _LimitStopped(_record_limit_stop(hub, limits, stop, final, cfg.num_workers))
         if final.get("step") == 0:  # the plan's size check is an estimate: this one is not
             raise RuntimeError("no optimizer step ran: the training data is shorter than one "
                                "step; add data or lower --global-batch-size (nothing exported)")
@@ -289,6 +368,8 @@ def _run_claimed(cfg: TrainConfig, claim: Claim, on_event: OnEvent, notice: Noti
         final.update(_export_at_end(cfg, result, claim, notice))
         ray.get(hub.emit.remote("run_finished", **final))
         ok, error = True, None
+    except _LimitStopped as e:
+        ok, error = False, str(e)
     except Exception as e:  # noqa: BLE001 - training failures become run_failed
         if preemption.fired:
             _preempted(hub, preemption, poller, chain)
@@ -311,6 +392,36 @@ def _run_claimed(cfg: TrainConfig, claim: Claim, on_event: OnEvent, notice: Noti
             session = ray.get(hub.since.remote(0))
         ray.kill(hub)
     return RunOutcome(ok, state, session, run_dir_of(cfg), error)
+
+
+class _LimitStopped(Exception):
+    """fit() returned because a limit passed (run_stopped is recorded): not a failure."""
+
+
+def _started_at(limits: Any) -> dict[str, Any]:
+    from datetime import datetime, timezone
+
+    if limits is None or not limits.started_at:
+        return {}
+    when = datetime.fromtimestamp(limits.started_at, timezone.utc)
+    return {"started_at": when.isoformat(timespec="milliseconds").replace("+00:00", "Z")}
+
+
+def _record_limit_stop(hub: Any, limits: Any, stop: dict[str, Any], final: dict[str, Any],
+                       workers: int) -> str:
+    """run_stopped: which limit, what was measured against it, where the checkpoint is."""
+    import time
+
+    import ray
+
+    from submitter.contract.run_limits import DEADLINE, continue_hint, stop_text
+
+    reason = stop["reason"]
+    message = f"{stop_text(reason, limits, time.time(), workers)}; {continue_hint(reason)}"
+    ray.get(hub.emit.remote("run_stopped", reason=reason, message=message, step=stop["step"],
+                            checkpoint=final.get("latest_checkpoint"),
+                            limit=limits.deadline_s if reason == DEADLINE else limits.max_cost))
+    return message
 
 
 def _preempted(hub: Any, preemption: Any, poller: Any, chain: ExitChain) -> None:
@@ -376,7 +487,7 @@ def _export_at_end(cfg: TrainConfig, result: Any, claim: Claim, notice: Notice) 
             "sample": out["sample"]}
 
 
-def _start_hub(cfg: TrainConfig) -> Any:
+def _start_hub(cfg: TrainConfig, usage: Optional[dict[str, Any]] = None) -> Any:
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -389,11 +500,11 @@ def _start_hub(cfg: TrainConfig) -> Any:
     here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
     actor = ray.remote(RunEmitter).options(num_cpus=0, scheduling_strategy=here,
                                            max_concurrency=1)
-    return actor.remote(run_dir_of(cfg), env)
+    return actor.remote(run_dir_of(cfg), env, *([usage] if usage is not None else []))
 
 
 def _prepare(cfg: TrainConfig, hub: Any, notice: Notice, claim: Claim,
-             prepared: Optional[Prepared] = None) -> tuple[Any, dict[str, Any]]:
+             prepared: Optional[Prepared] = None, limits: Any = None) -> tuple[Any, dict[str, Any]]:
     """Tokenizer, data, model size and the TorchTrainer; returns it and facts for run_started.
     A prepared corpus is read by the workers themselves: no Ray Data pipeline, no datasets."""
     import ray
@@ -407,7 +518,7 @@ def _prepare(cfg: TrainConfig, hub: Any, notice: Notice, claim: Claim,
     from training.gpt2.model import PRESETS, expected_parameters
     from training.gpt2.elastic import scaling_options
     from training.run.logs import keeping_own_error, worker_error_logs
-    from training.run_plan import data_config, plan_run
+    from training.run_plan import data_config, no_validation, plan_run
     from training.data.tokens import get_encoding
 
     tok_spec, tok_line = claim.tokenizer, claim.tokenizer_line
@@ -416,8 +527,11 @@ def _prepare(cfg: TrainConfig, hub: Any, notice: Notice, claim: Claim,
     block = cfg.block_size or PRESETS[cfg.model].block_size
     if prepared is not None:  # the workers read the shards by position (training.data.reader)
         notice(prepared.line)
+        if prepared.no_val:
+            notice(prepared.no_val)
         description, data_kwargs = prepared.line, {}
-        corpus_loop = {"corpus": {"uri": prepared.uri, "block": block}}
+        corpus_loop = {"corpus": {"uri": prepared.uri, "block": block,
+                                  **({"mixture": list(prepared.parts)} if prepared.parts else {})}}
         plan = plan_run(cfg, None, tok_spec, block, notice, sequences=prepared.sequences)
     else:
         from ray.data import DataContext
@@ -428,6 +542,10 @@ def _prepare(cfg: TrainConfig, hub: Any, notice: Notice, claim: Claim,
         corpus = load_corpus(cfg.dataset, cfg.dataset_config, cfg.data, cfg.data_format,
                              cfg.text_column, cfg.val_data, cfg.limit_rows)
         notice(corpus.description)
+        none = no_validation(0 if corpus.val is None and not cfg.val_percent else None,
+                             "no validation split and --val-percent 0")
+        if none:
+            notice(none)
         claim.sample_prompt = prompt_from(corpus.sample)
         train_ds, val_ds = token_datasets(corpus, tok_spec, block, cfg.val_percent)
         description, corpus_loop = corpus.description, {}
@@ -444,6 +562,8 @@ def _prepare(cfg: TrainConfig, hub: Any, notice: Notice, claim: Claim,
         keeping_own_error(train_func, run_dir_of(cfg), cfg.job.to_dict()),
         train_loop_config={"config": cfg.to_dict(), "hub": hub, **plan.loop_config(),
                            "vocab_size": encoding.n_vocab, "eot_id": encoding.eot_token,
+                           **({"limits": limits.to_dict()} if limits is not None and limits.active
+                              else {}),
                            **corpus_loop},
         scaling_config=ray.train.ScalingConfig(
             use_gpu=cfg.use_gpu, resources_per_worker=resources,
@@ -470,14 +590,20 @@ def _prepare(cfg: TrainConfig, hub: Any, notice: Notice, claim: Claim,
 
 def _final_fields(cfg: TrainConfig, result: Any) -> dict[str, Any]:
     """run_finished: the final metrics and where the checkpoints are."""
+    from training.run.checkpoint_events import validated
+
     metrics = {k: v for k, v in (result.metrics or {}).items()
                if k in ("epoch", "step", "train_loss", "val_loss", "tokens_per_sec")}
+    if "val_loss" in metrics:  # None when nothing was validated (no validation split)
+        metrics["val_loss"] = validated(metrics["val_loss"])
     best = result.best_checkpoints or []
     out: dict[str, Any] = dict(metrics)
     out["checkpoint_dir"] = run_dir_of(cfg)
     out["latest_checkpoint"] = result.checkpoint.path if result.checkpoint else None
-    if best:
-        ranked = sorted(best, key=lambda cm: _score(cm[1]))
+    # only a validated checkpoint can be best (unvalidated ones are kept by recency)
+    scored = [cm for cm in best if validated(cm[1].get("val_loss")) is not None]
+    if scored:
+        ranked = sorted(scored, key=lambda cm: _score(cm[1]))
         out["best_checkpoint"] = ranked[0][0].path
     return out
 

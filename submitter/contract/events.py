@@ -34,6 +34,10 @@ REQUIRED: dict[str, frozenset[str]] = {
     "run_resumed": frozenset({"resumed_from", "epoch", "step"}),
     "run_finished": frozenset(),
     "run_failed": frozenset({"error"}),
+    # a limit of the job (--deadline, --max-cost: submitter.contract.run_limits) passed: the
+    # run saved a checkpoint and stopped; reason is deadline | max_cost, message says what was
+    # measured against the limit and how to continue
+    "run_stopped": frozenset({"reason", "message"}),
     # a metrics tracker (tensorboard, mlflow, wandb) failed: training goes on, it is retried
     # with backoff; tracker_recovered says it caught up (down_s: seconds it was failing)
     "tracker_failed": frozenset({"tracker", "error"}),
@@ -52,7 +56,10 @@ OPTIONAL: dict[str, frozenset[str]] = {
                               # a --script run: the script's name in its code bundle
                               "script",
                               # a prepare job: the corpus directory it writes
-                              "corpus"}),
+                              "corpus",
+                              # started_at: the driver's start (wall-clock of the segment
+                              # counts from it: submitter.contract.usage)
+                              "started_at"}),
     # the first progress event of every (re)start says how the workers train; with compile on,
     # compile_s is the seconds the first step spent compiling (a restart that finds the run's
     # compile cache spends a few), and the inductor cache's hits/misses (fxgraph_cache_hit ...)
@@ -74,11 +81,14 @@ OPTIONAL: dict[str, frozenset[str]] = {
                                "checkpoint_dir", "latest_checkpoint", "best_checkpoint",
                                "export_dir", "sample_prompt", "sample", "export_error",
                                # a prepare job: the corpus, its shards and tokens, documents
-                               # read; already: it was prepared before and nothing was written
+                               # read; already: it was prepared before and nothing was written;
+                               # hold_out: how the validation tokens were chosen (a phrase)
                                "corpus", "shards", "tokens", "val_tokens", "documents",
-                               "already"}),
+                               "already", "hold_out"}),
     # reason: preemption when the driver got SIGTERM (the run is retryable)
     "run_failed": frozenset({"reason"}),
+    # step and checkpoint: where the run stopped; limit: the limit's value (seconds, money)
+    "run_stopped": frozenset({"step", "checkpoint", "limit"}),
     # a --script run: error, one line per failed worker (rank: exception)
     "worker_group_restarted": frozenset({"error"}),
     "tracker_recovered": frozenset({"down_s"}),
@@ -154,7 +164,7 @@ class ProgressState:
     """Everything a user wants to see about a run, folded from its events."""
 
     run_name: str | None = None
-    status: str = "pending"  # pending | running | finished | failed
+    status: str = "pending"  # pending | running | finished | failed | stopped (a limit)
     num_workers: int | None = None
     #: workers of the group training now (an elastic group's size changes; see worker_group_resized)
     world_size: int | None = None
@@ -173,6 +183,8 @@ class ProgressState:
     last_seq: int | None = None
     updated: str | None = None
     metrics: dict[str, Any] = field(default_factory=dict)
+    #: What the run trains on (run_started's `data`: a corpus, a mixture's shares, ...).
+    data: str | None = None
     #: epochs x steps_per_epoch from run_started (None: unknown), for the ETA.
     total_steps: int | None = None
     #: The step cadence: seconds per optimizer step, smoothed over progress events of one
@@ -199,6 +211,7 @@ def apply(state: ProgressState, event: Mapping[str, Any]) -> ProgressState:
     if etype == "run_started":
         return replace(state, status="running", run_name=e["run_name"],
                        num_workers=e["num_workers"], error=None, total_steps=_total_steps(e),
+                       data=e.get("data", state.data),
                        cadence_step=None, cadence_time=None, **common)
     if etype == "progress":
         return replace(state, status="running", epoch=e["epoch"], step=e["step"], loss=e["loss"],
@@ -226,6 +239,8 @@ def apply(state: ProgressState, event: Mapping[str, Any]) -> ProgressState:
         return replace(state, status="finished", metrics=metrics, **common)
     if etype == "run_failed":
         return replace(state, status="failed", error=e["error"], **common)
+    if etype == "run_stopped":
+        return replace(state, status="stopped", error=e["message"], **common)
     if etype == "prepare_progress":
         return replace(state, status="running", tokens_per_sec=e["tokens_per_sec"], **common)
     return replace(state, **common)

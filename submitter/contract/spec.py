@@ -26,7 +26,8 @@ from submitter.contract import batch
 from submitter.contract.errors import SpecError
 from submitter.contract.naming import CREDENTIAL_ENV as _CREDENTIAL_ENV
 from submitter.contract.naming import OFFLINE_DATASET, RESERVED_ENV_PREFIX
-from submitter.contract.data_path import CORPUS_NAME_PATTERN, PREPARED, DataPath, data_path
+from submitter.contract.data_path import (CORPUS_NAME_PATTERN, MIXTURE_PATTERN, PREPARED,
+                                          DataPath, data_path, mixture_problem)
 from submitter.contract.storage import CORPORA_DIR, pod_file_schema, storage_path_schema
 from submitter.contract.tracking import tracker_env_problem
 
@@ -526,10 +527,11 @@ def _pod_file(v: str) -> str | None:
 
 
 @_schema({"maxLength": MAX_TEXT, "allOf": [{"pattern": _TEXT}, {"anyOf": [
-    pod_file_schema(), {"pattern": CORPUS_NAME_PATTERN}]}]})
+    pod_file_schema(), {"pattern": CORPUS_NAME_PATTERN}, {"pattern": MIXTURE_PATTERN}]}]})
 def _data(v: str) -> str | None:
-    """--data: a file the pod reads (as _pod_file), or a prepared corpus's NAME."""
-    return _text(v)
+    """--data: a file the pod reads (as _pod_file), a prepared corpus's NAME, or prepared
+    corpora mixed by weight (NAME:WEIGHT,NAME:WEIGHT)."""
+    return _text(v) or mixture_problem(v)
 
 
 @_schema({"maxLength": MAX_TEXT, "pattern": "^/[^\x00-\x1f\x7f]*$"})
@@ -544,6 +546,24 @@ def _script_args(v: list) -> str | None:
     for item in v:
         if "\x00" in item:
             return f"{_show(item)} contains a NUL character"
+    return None
+
+
+#: --deadline: hours, minutes and seconds, each with its unit (45s, 90m, 12h, 1h30m).
+_DURATION = _LazyPattern(r"^(?:([0-9]{1,9})h)?(?:([0-9]{1,9})m)?(?:([0-9]{1,9})s)?$", re.ASCII)
+
+
+def duration_seconds(text: str) -> int:
+    """A checked --deadline value (45s, 90m, 12h, 1h30m) in seconds."""
+    h, m, sec = _DURATION.fullmatch(text).groups()
+    return int(h or 0) * 3600 + int(m or 0) * 60 + int(sec or 0)
+
+
+@_schema({"type": "string", "minLength": 2, "pattern": _DURATION.pattern})
+def _duration(v: str) -> str | None:
+    """--deadline: a positive duration with units, so `90` (seconds? minutes?) is never guessed."""
+    if not v or not _DURATION.fullmatch(v) or duration_seconds(v) <= 0:
+        return f"{_show(v)} is not a duration; use e.g. 45s, 90m, 12h or 1h30m"
     return None
 
 
@@ -731,6 +751,10 @@ class JobSpec:
                                help="clip the global gradient norm (0 = off)")
     seed: int = setting(1337, group="training", check=_between(0),
                         help="random seed (model init and data order)")
+    restart_epoch: bool = setting(
+        False, group="training",
+        help="resume a checkpoint taken mid-epoch although the prepared corpus, the block size "
+             "or the data order changed since: its epoch starts afresh (else refused)")
     precision: str = setting("auto", group="training", check=_one_of(PRECISIONS),
                              help="auto (bf16 on GPUs that compute it natively, sm80+; fp16 "
                                   "with a gradient scaler on T4/V100; fp32 on CPU) | bf16 | fp16 | "
@@ -756,7 +780,8 @@ class JobSpec:
                                   help="train on these files instead of --dataset (text, parquet "
                                        "or jsonl; local path or object-store URI), or on a "
                                        "prepared corpus: its NAME, path or URI (read by "
-                                       "position, nothing tokenized)")
+                                       "position, nothing tokenized), or prepared corpora "
+                                       "mixed by weight: NAME:WEIGHT,NAME:WEIGHT")
     data_format: str = setting("auto", group="data", check=_one_of(DATA_FORMATS),
                                help="reader for --data: auto (by extension) | text | parquet | jsonl")
     text_column: str = setting("text", group="data", check=_text,
@@ -806,6 +831,19 @@ class JobSpec:
     termination_grace_period: int = setting(
         120, group="lifecycle", check=_between(0, 86_400), metavar="SECONDS",
         help="seconds a Ray pod has between SIGTERM and SIGKILL (time for a last checkpoint)")
+    gpu_hour_price: Optional[float] = setting(
+        None, group="lifecycle", check=_positive_float, metavar="PRICE",
+        help="price of one GPU-hour (a local run: of one hour of this machine), for the cost "
+             "estimate and --max-cost (default: the card's line in submitter-prices.yaml beside "
+             "the kubeconfig; see submitter estimate)")
+    max_cost: Optional[float] = setting(
+        None, group="lifecycle", check=_positive_float, metavar="AMOUNT",
+        help="refuse to submit when the estimated cost passes AMOUNT (needs a price), and stop "
+             "the run with a checkpoint when its measured spend does")
+    deadline: Optional[str] = setting(
+        None, group="lifecycle", check=_duration, metavar="DURATION",
+        help="refuse to submit when the estimated wall-clock passes DURATION (45s, 90m, 12h), "
+             "and stop the run with a checkpoint when it runs that long")
 
     # ------------------------------------------------------------------------------------------------
     @classmethod
@@ -860,6 +898,11 @@ class JobSpec:
     def run_name(self) -> str:
         """Ray Train run name: the job name, never random, so retries resume the same run."""
         return self.name
+
+    @property
+    def deadline_seconds(self) -> Optional[int]:
+        """--deadline in seconds (None: no deadline)."""
+        return None if self.deadline is None else duration_seconds(self.deadline)
 
     @property
     def resolved_storage_path(self) -> str:

@@ -518,7 +518,8 @@ PROBES: dict[str, list[Any]] = {
     "ray_auth": ["token", "disabled", "on", ""],
     "data": [None, "/mnt/checkpoints/d.txt", "/opt/data/x", "s3://b/d/", "gs://b/x", "./data",
              "data.txt", "~/data", "s3a://b/x", "S3://b/x", "hdfs://n/x", "file:///x", "",
-             "fineweb-edu-10b", "fw:1", "~fw"],  # a prepared corpus's NAME
+             "fineweb-edu-10b", "fw:1", "~fw",  # a prepared corpus's NAME
+             "fw:0.7,stack:0.3", "fw:.5,b:2", "fw:0", "fw:-1", "fw:1e3", "fw:x,b:1"],  # mixtures
     "bpe_file": [None, "/mnt/checkpoints/d.txt", "/opt/data/x", "s3://b/d/", "./data",
                  "data.txt", "~/data", "s3a://b/x", "hdfs://n/x", "file:///x", "", "fw"],
     "storage_path": [None, "/mnt/checkpoints/x", "s3://b/r", "", "/mnt/checkpoints/a b",
@@ -541,6 +542,9 @@ PROBES: dict[str, list[Any]] = {
                  "1:", ":2", "1:2:3", " 1:2", "1 :2", "\u0664", "2.5", 2.5, True],
     "global_batch_size": [None, 1, 16, 48, 2**31 - 1, 0, -1, 2**31, 1.5],
     "checkpoint_interval": [None, 0, 0.5, 30, "30", 10_080, 10_080.5, -1, "x", 1e300],
+    "gpu_hour_price": [None, 2.49, "2.49", 0, -1, "x", 1e300],
+    "max_cost": [None, 100, 0.5, 0, -3, "ten"],
+    "deadline": [None, "45s", "90m", "12h", "1h30m", "90", "0s", "12 h", "", "h", 90],
     "cpu_per_pod": ["4", "500m", "0.5", ".5", "1.5Gi", 4, "four", "4 ", "-1", "1e3", "", "0",
                     "0m", 0, "\u0664", "2", "1", "1001m", "2000m"],
     "precision": ["auto", "bf16", "fp16", "fp32", "fp8", ""],

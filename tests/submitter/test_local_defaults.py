@@ -18,7 +18,7 @@ def documents(monkeypatch):
     """The job documents `submit --local` would hand to `python -m training`."""
     seen: list[dict] = []
 
-    def follow_child(spec, storage, view):
+    def follow_child(spec, storage, view, **kwargs):  # kwargs: env_extra (the estimate)
         seen.append(json.loads(spec.document()))
         return local.LocalOutcome(True, local.ev.ProgressState(status="finished"), storage, None, 0)
 

@@ -41,7 +41,9 @@ from training.run.checkpoint_io import interval_due, load_state, save_state, sna
 from training.gpt2.config import TrainConfig
 from training.gpt2.input_path import InputPath, WaitShare
 from training.run.object_store import as_uri
-from training.run.preempt import StepGate, leave, preemption_metrics, seconds_left
+from training.run.preempt import (StepGate, clear_limit_stop, leave, limit_reason,
+                                   preemption_metrics, request_limit_stop, requested,
+                                   seconds_left)
 from training.run.upload_slot import UploadSlot
 
 STATE_FILE = "state.pt"
@@ -99,6 +101,13 @@ class _Events:
         if self.hub is not None and getattr(self, "last", None) is not None:
             ray.get(self.last)
 
+    def limit_stop(self, reason: str, step: int) -> None:
+        """Tell the driver this run stops for a limit (it records run_stopped after fit())."""
+        if self.hub is not None:
+            import ray
+
+            ray.get(self.hub.stop_for_limit.remote(reason, step))
+
     def started(self, resumed_from: Optional[str], epoch: int, step: int,
                 **group: Any) -> None:
         if self.hub is not None:
@@ -120,11 +129,14 @@ def _all_mean(values: list[float], device: Any) -> list[float]:
 
 
 def _open_reader(corpus: Optional[dict[str, Any]]) -> Any:
-    """The prepared corpus's reader (the driver checked its files and tokenizer), or None."""
+    """The prepared corpus's reader (the driver checked its files and tokenizer), a mixture's
+    (several corpora by weight), or None."""
     if not corpus:
         return None
-    from training.data.reader import open_corpus
+    from training.data.reader import open_corpus, open_mixture
 
+    if corpus.get("mixture"):
+        return open_mixture(corpus["mixture"], corpus["block"])
     return open_corpus(corpus["uri"], corpus["block"])
 
 
@@ -179,6 +191,7 @@ def train_func(loop_config: dict[str, Any]) -> None:
     from training.gpt2.microbatch import choose as choose_worker_batch
     from training.gpt2.compiling import CompileCache, compile_enabled, compile_model, compile_seconds, counters
     from training.gpt2.elastic import group_batch
+    from training.gpt2.evaluation import evaluate_loss
     from training.gpt2.model import BETAS, MIN_LR_RATIO, build_model, build_optimizer, gpt2_config
     from training.gpt2.parallel import gradient_sync, is_fsdp, unwrapped, wrap_model
     from training.gpt2.precision import apply_gradients, make_scaler, precision_here
@@ -215,6 +228,16 @@ def train_func(loop_config: dict[str, Any]) -> None:
     reader = _open_reader(loop_config.get("corpus"))
     position = resume_position(state, mine.global_batch)
     data_seed = (state or {}).get("seed", cfg.seed)  # the order the checkpoint was trained in
+    data_pin = None  # what the order depends on (training.data.order.order_pin): checkpointed
+    if reader is not None:
+        from training.data.order import resume_order
+
+        data_pin = reader.pin(reader.order(data_seed, start_epoch))
+        # a changed corpus/block/order refuses mid-epoch (the driver said so before Ray
+        # started), or with --restart-epoch starts the epoch afresh
+        position = resume_order((state or {}).get("data_order"), data_pin, position,
+                                start_epoch, cfg.job.restart_epoch)
+        skip = skip if position else 0
     train_shard = ray.train.get_dataset_shard("train") if reader is None else None
 
     def epoch_batches(epoch: int, start: int = 0) -> Iterator[dict[str, Any]]:
@@ -283,6 +306,8 @@ def train_func(loop_config: dict[str, Any]) -> None:
         from ray.train import CheckpointUploadMode
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 
+        from training.run.checkpoint_events import scored
+
         nonlocal last_save
         t_save = time.perf_counter()
         free = rank != 0 or slot.wait(None if budget_s is None else seconds_left(budget_s))
@@ -296,7 +321,7 @@ def train_func(loop_config: dict[str, Any]) -> None:
                 "epoch": epoch, "step": step, "step_in_epoch": step_in_epoch,
                 "epoch_done": epoch_done, "config": cfg.to_dict(),
                 # the data's position: a resume computes every rank's next slice from it
-                "seed": data_seed, "sequences_in_epoch": consumed,
+                "seed": data_seed, "sequences_in_epoch": consumed, "data_order": data_pin,
                 "model_config": model_config.to_dict(), "steps_per_epoch": steps_per_epoch,
                 "steps_per_epoch_measured": measured, "accumulation": accum,
                 "precision": precision.name,
@@ -305,6 +330,10 @@ def train_func(loop_config: dict[str, Any]) -> None:
             storage = ray.train.get_context().get_storage()
 
             def write_and_upload(local: Any, dir_name: str) -> Any:  # Ray Train's upload thread
+                if state.get("data_order") is not None:  # the driver checks a resume with it
+                    from training.data.reader import write_order_note
+
+                    write_order_note(local.path, state)
                 save_state(local.path, **state)
                 state.clear()  # the host copy goes as soon as it is on disk
                 return storage.persist_current_checkpoint(local, dir_name)
@@ -316,7 +345,9 @@ def train_func(loop_config: dict[str, Any]) -> None:
         stall = time.perf_counter() - t_save
         # checkpoint_saved comes from the controller once registered (training.run.checkpoint_events)
         try:
-            ray.train.report({**metrics, "epoch_done": epoch_done, "stall_s": round(stall, 3)},
+            # no val_loss (no validation split): ranked by recency, not a TypeError in Ray
+            ray.train.report({**scored(metrics), "epoch_done": epoch_done,
+                              "stall_s": round(stall, 3)},
                              checkpoint=ckpt, checkpoint_dir_name=name,
                              checkpoint_upload_mode=CheckpointUploadMode.ASYNC,
                              checkpoint_upload_fn=upload, delete_local_checkpoint_after_upload=True)
@@ -336,18 +367,9 @@ def train_func(loop_config: dict[str, Any]) -> None:
             val_batches = ray.train.get_dataset_shard("val").iter_batches(
                 batch_size=micro_size, drop_last=True, batch_format="numpy")
         net = model if is_fsdp(model) else unwrapped(model)  # DDP's forward would sync buffers
-        net.eval()
-        total, count = torch.zeros((), device=device, dtype=torch.float64), 0
-        with torch.no_grad(), autocast():
-            for i, batch in enumerate(val_batches):
-                if cfg.val_steps and i >= cfg.val_steps:
-                    break
-                x = to_device(batch)
-                total += net(input_ids=x, labels=x).loss.detach().double()
-                count += 1
-        net.train()
-        total, count = _all_mean([total.item(), float(count)], device)
-        return total / count if count else None
+        # the same number of batches on every rank (training.gpt2.evaluation: FSDP cannot hang)
+        loss, _ = evaluate_loss(net, val_batches, device, to_device, autocast, cfg.val_steps)
+        return loss
 
     def step_once(micro: list[dict[str, Any]]) -> Any:
         """One optimizer step over `accum` micro-batches; the mean loss, on the device."""
@@ -385,6 +407,12 @@ def train_func(loop_config: dict[str, Any]) -> None:
     gate = StepGate(loop_config.get("hub") if rank == 0 else None)
     budget = exit_chain(cfg.termination_grace_period).worker_save_s
     slot = UploadSlot()
+    # the job's --deadline / --max-cost over the whole run (submitter.contract.run_limits):
+    # rank 0 measures, the step's flag reduce tells every rank (a limit's code, not SIGTERM's)
+    from submitter.contract.run_limits import Limits, passed
+
+    limits = Limits.from_dict(loop_config.get("limits")) if rank == 0 else None
+    stopped = False
     for epoch in range(start_epoch, cfg.epochs):
         done_in_epoch = skip if epoch == start_epoch else 0
         consumed = position if epoch == start_epoch else 0  # sequences of the epoch trained
@@ -405,6 +433,10 @@ def train_func(loop_config: dict[str, Any]) -> None:
             waited = time.perf_counter() - t_wait
             if len(micro) < accum:
                 break  # the epoch's data ran out (a partial accumulation is dropped)
+            if limits is not None and not requested():
+                reason = passed(limits, time.time(), world)
+                if reason is not None:
+                    request_limit_stop(reason)
             gate.begin()
             step_loss = step_once(micro)
             if first_step and compile_cache is not None:  # the first step compiled (or loaded)
@@ -449,13 +481,25 @@ def train_func(loop_config: dict[str, Any]) -> None:
                       "train_loss": epoch_loss.item() / epoch_steps}, epoch, done_in_epoch, False)
                 paused = time.perf_counter() - t_pause  # not training time: out of tokens/s
                 epoch_start, window_start = epoch_start + paused, window_start + paused
-            if gate.stop():  # preempted: save where we are (unless just saved), retryable exit
+            stop = gate.stop()  # every rank the same answer, at the same step
+            if stop and limit_reason() is not None:  # a limit: save, end training normally
+                reason = limit_reason()
+                if not interval_save:
+                    save({**preemption_metrics(epoch, step, epoch_loss.item() / epoch_steps),
+                          "reason": reason}, epoch, done_in_epoch, False)
+                events.limit_stop(reason, step)
+                clear_limit_stop()
+                stopped = True
+                break
+            if stop:  # preempted: save where we are (unless just saved), retryable exit
                 if not interval_save:
                     save(preemption_metrics(epoch, step, epoch_loss.item() / epoch_steps), epoch,
                          done_in_epoch, False, budget_s=budget)
                 leave(step, checkpoint_name(epoch + 1, step), budget,
                       slot.wait if rank == 0 else lambda timeout: True)
 
+        if stopped:
+            break
         # --- end of epoch: the real steps per epoch, validate, report, checkpoint -------------
         if not measured and done_in_epoch:  # (skipped steps of a resumed epoch count too)
             measured = True

@@ -116,8 +116,21 @@ def check_not_finished(history_state: Any, epochs: int, run_dir: str, name: str)
             "new run with another --name; export its model with `submitter export`")
 
 
-def record(job: Mapping[str, Any], ident: Mapping[str, Any], clock: Callable[[], float] = time.time) -> dict[str, Any]:
-    return {"v": 1, "created": clock(), "identity": dict(ident), "job": dict(job)}
+def record(job: Mapping[str, Any], ident: Mapping[str, Any], clock: Callable[[], float] = time.time,
+           extra: Optional[Mapping[str, Any]] = None) -> dict[str, Any]:
+    return {"v": 1, "created": clock(), "identity": dict(ident), "job": dict(job), **(extra or {})}
+
+
+def estimate_extra(environ: Mapping[str, str]) -> dict[str, Any]:
+    """The estimate `submit --local` passed (ENV_ESTIMATE) as run.json's RUN_ESTIMATE_KEY, so
+    watch/status/report compare the run against it (#38); {} without one or when unreadable."""
+    from submitter.contract.naming import ENV_ESTIMATE, RUN_ESTIMATE_KEY
+
+    try:
+        value = json.loads(environ.get(ENV_ESTIMATE) or "null")
+    except ValueError:
+        return {}
+    return {RUN_ESTIMATE_KEY: value} if isinstance(value, dict) else {}
 
 
 def read_json(path: str) -> Optional[dict[str, Any]]:
@@ -163,7 +176,8 @@ def write_json_once(path: str, data: Mapping[str, Any]) -> bool:
     return True
 
 
-def claim_run(run_dir: str, job: Mapping[str, Any], ident: Mapping[str, Any]) -> str:
+def claim_run(run_dir: str, job: Mapping[str, Any], ident: Mapping[str, Any],
+              extra: Optional[Mapping[str, Any]] = None) -> str:
     """Check `run.json` against this driver's identity, or write it for a new run.
     Returns a line for the output."""
     path = join(run_dir, RUN_FILE)
@@ -177,7 +191,7 @@ def claim_run(run_dir: str, job: Mapping[str, Any], ident: Mapping[str, Any]) ->
         # its settings must protect: the corrected start records its own
         os.replace(local_path(path), local_path(path) + ".replaced")
         stored = None
-    if stored is None and write_json_once(path, record(job, ident)):
+    if stored is None and write_json_once(path, record(job, ident, extra=extra)):
         return f"run: new, settings recorded in {path}"
     return f"run: continuing {run_dir} (same model, data and tokenizer)"
 
