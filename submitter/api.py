@@ -89,8 +89,8 @@ def prepare(spec: JobSpec, *, dry_run: str = "none", context: str | None = None,
     the same objects, ownership and storage as a training job) applied as `submit` applies a
     job; it writes the prepared corpus `<storage>/<namespace>/corpora/<name>` (`force`: every
     shard made again, whole or not)."""
-    return _apply(spec, "prepare-force" if force else "prepare", dry_run=dry_run, context=context, kubeconfig=kubeconfig,
-                  kube=kube, request_timeout=request_timeout, watch=watch, output=output,
+    return _apply(spec, "prepare-force" if force else "prepare", dry_run=dry_run,
+                  context=context, kubeconfig=kubeconfig, kube=kube, request_timeout=request_timeout, watch=watch, output=output,
                   out=out, err=err)
 
 
@@ -105,10 +105,13 @@ def _apply(spec: JobSpec, program: str | None, *, dry_run: str, context: str | N
     captured = io.StringIO() if out is None else None
     applied = plan
     if program is None:  # a training job: its estimate's guards first, then recorded on it (#38)
-        from submitter.estimating import checked_estimate, with_estimate
+        from submitter.estimating import checked_estimate, price_carried, with_estimate
 
         est = checked_estimate(spec, local=False, kubeconfig=kubeconfig,
                                err=err or out or captured, show=dry_run != "none")
+        priced = price_carried(spec, est)
+        if priced is not spec:  # the run checks --max-cost at the price the guard used
+            spec, plan = priced, render_plan(priced, program)
         applied = plan if dry_run == "client" else with_estimate(plan, est)  # GitOps: render's
     code = submit_job(spec, plan=applied, dry_run=dry_run, watch=watch, output=output,
                       context=context, kubeconfig=kubeconfig, kube=kube,

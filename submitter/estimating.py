@@ -169,11 +169,8 @@ def checked_estimate(spec: Any, *, local: bool, kubeconfig: Optional[str] = None
     from submitter.contract.errors import OverBudget
 
     limited = spec.max_cost is not None or spec.deadline is not None
-    if spec.script is not None:  # the user's own program: GPT-2's figures would mislead
-        if limited and err is not None:
-            err.write("note: a --script run is not estimated; its --max-cost/--deadline are "
-                      "checked by the run as it goes\n")
-        return None
+    if spec.script is not None:  # the user's own program: GPT-2's figures would mislead (and
+        return None             # JobSpec refuses limits on it)
     try:
         est = estimate_for(spec, local=local, kubeconfig=kubeconfig)
     except UsageError as e:
@@ -191,6 +188,18 @@ def checked_estimate(spec: Any, *, local: bool, kubeconfig: Optional[str] = None
         if note:
             err.write(note + "\n")
     return est
+
+
+def price_carried(spec: Any, est: Optional[E.Estimate]) -> Any:
+    """`spec` with the price the estimate found (the table beside the kubeconfig) as its
+    gpu_hour_price, when --max-cost needs one in the run: the pod has no kubeconfig and no
+    table, and without a price it could not stop at the limit. `spec` itself otherwise."""
+    import dataclasses
+
+    if (spec.max_cost is None or spec.gpu_hour_price is not None or est is None
+            or est.price is None):
+        return spec
+    return dataclasses.replace(spec, gpu_hour_price=est.price.per_hour)
 
 
 def compact(est: E.Estimate) -> str:

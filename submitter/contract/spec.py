@@ -881,6 +881,10 @@ class JobSpec:
                                     or self.allow_code_change):
             raise SpecError("--working-dir, --requirements, --allow-code-change and script "
                             "arguments belong to --script: add --script FILE, or leave them out")
+        if self.script is not None and (self.max_cost is not None or self.deadline is not None):
+            raise SpecError("--max-cost and --deadline are estimated and checked for the GPT-2 "
+                            "job only, not for your own --script: leave them out, and stop the "
+                            "run with `submitter stop NAME`")
         _check_fit(self)
         problem = memory_problem(self.model, self.workers_per_pod, self.memory_per_pod,
                                  self.head_memory)

@@ -328,3 +328,34 @@ def test_a_local_run_passes_its_estimate_to_run_json(storage, runner, monkeypatc
     kept = record({"name": "x"}, {}, extra=estimate_extra(seen))
     assert kept[naming.RUN_ESTIMATE_KEY] == estimate and kept["job"] == {"name": "x"}
     assert estimate_extra({naming.ENV_ESTIMATE: "{broken"}) == {}
+
+
+def test_limits_on_a_script_job_are_refused_not_silently_ignored(runner, tmp_path):
+    """A user's own --script is neither estimated nor stopped by the run at a limit: a
+    --deadline there would promise what nothing checks (one line, exit 2, nothing written)."""
+    from submitter.cli import main
+
+    script = tmp_path / "train.py"
+    script.write_text("print('hi')\n")
+    for limit in (["--deadline", "1h"], ["--max-cost", "5", "--gpu-hour-price", "1"]):
+        result = runner.invoke(main, ["render", "--name", "mine", "--script", str(script), *limit])
+        assert result.exit_code == 2, result.output
+        assert "not for your own --script" in result.stderr and "Traceback" not in result.output
+        assert result.stdout == ""
+
+
+def test_a_price_from_the_table_reaches_the_run_that_checks_max_cost(api, kubeconfig, runner,
+                                                                      tmp_path, monkeypatch):
+    """The pod has neither the kubeconfig nor the table beside it: a --max-cost job carries the
+    price its guard used in the job document, so the run can stop at the limit."""
+    from pathlib import Path
+
+    (Path(kubeconfig).parent / "submitter-prices.yaml").write_text("H100: 2.5\n")
+    job = ["submit", "--name", "priced", "--kubeconfig", kubeconfig, *GPU, "--gpu-type", "H100",
+           "--max-steps-per-epoch", "1000", "--max-cost", "100000"]
+    ok = runner.invoke(main, job)
+    assert ok.exit_code == 0, ok.output
+    head = api.emulator.get(RAYJOBS, "default", "priced")["spec"]["rayClusterSpec"][
+        "headGroupSpec"]["template"]["spec"]["containers"][0]
+    document = json.loads(next(e["value"] for e in head["env"] if e["name"] == naming.ENV_JOB))
+    assert document["gpuHourPrice"] == 2.5 and document["maxCost"] == 100000
