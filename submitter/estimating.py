@@ -74,6 +74,8 @@ def job_tokens(spec: Any, local: bool) -> E.Tokens:
     """The training tokens of one epoch: exact from a prepared corpus's manifest, estimated from
     the size of local files, else unknown (a Hugging Face dataset, files out of reach)."""
     chosen = data_path(spec.data, spec.dataset)
+    if chosen.mixture:  # an epoch: as many sequences as the corpora hold together
+        return mixture_tokens(spec, local, [name for name, _ in chosen.mixture])
     if spec.data is not None and chosen.kind != ON_THE_FLY:
         where = (corpus_root(spec.resolved_storage_path, None if local else spec.namespace, chosen.name)
                  if chosen.name else corpus_dir(spec.data))
@@ -95,6 +97,22 @@ def job_tokens(spec: Any, local: bool) -> E.Tokens:
     return E.Tokens(None, False, f"unknown: {what} is tokenized on the fly and its size is not "
                                  "known here; prepare it (submitter data prepare) for an exact "
                                  "count")
+
+
+def mixture_tokens(spec: Any, local: bool, names: list[str]) -> E.Tokens:
+    """A mixture's epoch: every corpus's training shards together (training.data.order's
+    MixtureOrder draws an epoch of as many sequences as the corpora hold), exact when every
+    manifest is readable from here."""
+    counts: list[int] = []
+    for name in names:
+        where = corpus_root(spec.resolved_storage_path, None if local else spec.namespace, name)
+        text = _read_text(f"{where}/{MANIFEST}")
+        if text is None:
+            return E.Tokens(None, False, f"unknown: the mixture's corpus {where} is not "
+                                         "readable from here (a volume only the pods mount?)")
+        counts += manifest_tokens(text, f"{where}/{MANIFEST}")
+    return E.corpus_tokens(counts, spec.block, f"the mixture's {len(names)} corpora "
+                                               f"({', '.join(names)})")
 
 
 def own_runs(spec: Any, local: bool) -> list[Any]:

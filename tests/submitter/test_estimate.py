@@ -359,3 +359,22 @@ def test_a_price_from_the_table_reaches_the_run_that_checks_max_cost(api, kubeco
         "headGroupSpec"]["template"]["spec"]["containers"][0]
     document = json.loads(next(e["value"] for e in head["env"] if e["name"] == naming.ENV_JOB))
     assert document["gpuHourPrice"] == 2.5 and document["maxCost"] == 100000
+
+
+def test_a_mixture_is_counted_from_every_corpus_manifest(tmp_path):
+    """A mixture's epoch is as many sequences as its corpora hold together (whatever the
+    weights): exact when every manifest is readable, unknown (and why) when one is not."""
+    write_corpus(tmp_path)
+    other = tmp_path / "corpora" / "st"
+    other.mkdir()
+    (other / "manifest.json").write_text(json.dumps({"format": "submitter-corpus", "version": 1,
+        "name": "st", "shards": [{"file": "train-000000.bin", "split": "train", "tokens": 5_000_000}]}))
+    spec = JobSpec.build(name="e", data="fw:0.7,st:0.3", storage_path=str(tmp_path))
+    est = estimate_for(spec, local=True, environ={})
+    block = spec.block
+    assert est.tokens_exact
+    assert est.tokens_per_epoch == (sum(t // block for t in SHARDS) + 5_000_000 // block) * block
+    assert "the mixture's 2 corpora (fw, st)" in est.to_dict()["sources"]["tokens"]
+    missing = estimate_for(JobSpec.build(name="e", data="fw:1,nope:1", storage_path=str(tmp_path)),
+                           local=True, environ={})
+    assert missing.tokens_per_epoch is None and "corpora/nope" in missing.to_dict()["sources"]["tokens"]
