@@ -312,6 +312,12 @@ def job_of(spec: Any, local: bool) -> Job:
                spec.checkpoint_every, spec.checkpoint_minutes, local)
 
 
+def price_key(local: bool) -> str:
+    """The price table's key a run's price is read from: the card's name, `local` on this
+    machine (submitter.prices)."""
+    return "local" if local else "CARD"
+
+
 def estimate(job: Job, tokens: Tokens, pace: Optional[Pace], price: Optional[Price],
              sources: Optional[Mapping[str, str]] = None) -> Estimate:
     """The three cases (see the module docstring)."""
@@ -356,7 +362,8 @@ def estimate(job: Job, tokens: Tokens, pace: Optional[Pace], price: Optional[Pri
                           "and half the time between checkpoints")
     src["price"] = price.source if price is not None else (
         "none: add --gpu-hour-price PRICE (flag, job file gpu_hour_price, chart gpuHourPrice) or a "
-        "line `CARD: PRICE` in submitter-prices.yaml beside your kubeconfig (~/.kube/)")
+        f"line `{price_key(job.local)}: PRICE` in submitter-prices.yaml beside your kubeconfig "
+        "(~/.kube/)")
     src.update(sources or {})
     return Estimate(cases, None if likely_seqs is None else likely_seqs * job.block,
                     tokens.exact, steps_per_epoch, job.epochs, job.global_batch, tokens_per_step,

@@ -378,3 +378,10 @@ def test_a_mixture_is_counted_from_every_corpus_manifest(tmp_path):
     missing = estimate_for(JobSpec.build(name="e", data="fw:1,nope:1", storage_path=str(tmp_path)),
                            local=True, environ={})
     assert missing.tokens_per_epoch is None and "corpora/nope" in missing.to_dict()["sources"]["tokens"]
+
+
+def test_without_a_price_it_says_the_key_this_run_is_priced_by():
+    from submitter import prices
+
+    assert E.price_key(True) == prices.LOCAL_KEY  # the contract cannot import the table's reader
+    assert E.price_key(False) == "CARD"
