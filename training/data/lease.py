@@ -129,6 +129,11 @@ class Lease:
                 return  # another taker was first: its lease decides below
             os.unlink(aside)
             return
+        self._delete()
+
+    def _delete(self) -> None:
+        """Remove the lease object; gone already (or a store that fails) is no error: the
+        next reader decides by what it finds."""
         try:
             self.fs.delete_file(self.path)
         except (FileNotFoundError, OSError):
@@ -175,10 +180,7 @@ class Lease:
         """Remove the lease if it is still this prepare's."""
         if (self.read() or {}).get("id") != self.me["id"]:
             return
-        try:
-            self.fs.delete_file(self.path)
-        except (FileNotFoundError, OSError):
-            pass
+        self._delete()
 
     def _beating(self) -> None:
         while not self._stop.wait(self.beat_s):
