@@ -94,11 +94,11 @@ def bytes_table(span_kib: int, windows: float) -> None:
     import pyarrow.fs as pafs  # noqa: F401  (pyarrow's S3 before the server starts)
 
     from submitter.contract.batch import shares
-    from tests.support.corpus import GPT2, make_corpus
+    from tests.support.corpus import GPT2, counting_source, make_corpus
     from tests.support.s3 import running_s3
     from training.data import shards as sh
     from training.data.order import WINDOW_SPANS, offsets, rank_positions
-    from training.data.reader import RangedSource, open_corpus
+    from training.data.reader import open_corpus
 
     span = span_kib * 1024 // (BLOCK * ITEM)
     n = int(WINDOW_SPANS * span * windows) // GLOBAL * GLOBAL + 7
@@ -113,18 +113,8 @@ def bytes_table(span_kib: int, windows: float) -> None:
               f"{span_kib} KiB (before: {4 * span_kib} KiB), {WORLD} ranks, one epoch")
 
         def reader(span_of: int, counter: list[int]):
-            def source(files):
-                inner = RangedSource(fs, "corpora/c", files)
-
-                class Counting:
-                    def read(self, shard, offset, nbytes):
-                        counter[0] += nbytes
-                        return inner.read(shard, offset, nbytes)
-
-                    def close(self):
-                        inner.close()
-                return Counting()
-            return open_corpus("s3://corpora/c", BLOCK, span=span_of, source=source)
+            return open_corpus("s3://corpora/c", BLOCK, span=span_of,
+                               source=counting_source(fs, "corpora/c", counter))
 
         fetched = {"before": [0], "after": [0]}
         for rank, (off, share) in enumerate(zip(offsets(split), split)):

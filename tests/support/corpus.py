@@ -41,3 +41,22 @@ def make_corpus(fs: Any, root: str, train: Sequence[int], val: int = 0, block: i
                            tokenizer=dict(tok), dtype=dtype, shards=tuple(files))
     sh.write_manifest(fs, root, manifest)
     return manifest
+
+
+def counting_source(fs: Any, root: str, counter: list[int]) -> Any:
+    """A reader `source` (training.data.reader.open_corpus) for a corpus in a bucket that adds
+    every byte it fetches to `counter[0]`: what the bucket serves the readers."""
+    from training.data.reader import RangedSource
+
+    def source(files: Any) -> Any:
+        inner = RangedSource(fs, root, files)
+
+        class Counting:
+            def read(self, shard: Any, offset: int, nbytes: int) -> Any:
+                counter[0] += nbytes
+                return inner.read(shard, offset, nbytes)
+
+            def close(self) -> None:
+                inner.close()
+        return Counting()
+    return source

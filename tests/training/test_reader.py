@@ -9,7 +9,7 @@ import pyarrow.fs as pafs
 import pytest
 
 from submitter.contract.batch import shares
-from tests.support.corpus import GPT2, make_corpus
+from tests.support.corpus import GPT2, counting_source, make_corpus
 from tests.support.s3 import s3_server  # noqa: F401 - fixture
 from training.data import shards as sh
 from training.data.order import offsets, rank_ids
@@ -195,18 +195,7 @@ def test_the_ranks_of_a_group_fetch_about_one_epoch_from_a_bucket(s3_server):
     fs = s3_server.filesystem()
     make_corpus(fs, "corpora/c", [BLOCK * 1300, BLOCK * 1000], block=BLOCK, tokenizer=GPT2)
     served, seen, global_batch = [0], [], 64
-
-    def source(files):
-        inner = RangedSource(fs, "corpora/c", files)
-
-        class Count:
-            def read(self, shard, offset, nbytes):
-                served[0] += nbytes
-                return inner.read(shard, offset, nbytes)
-
-            def close(self):
-                inner.close()
-        return Count()
+    source = counting_source(fs, "corpora/c", served)
 
     split = shares(global_batch, 4)
     for off, share in zip(offsets(split), split):
