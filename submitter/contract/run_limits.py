@@ -16,26 +16,11 @@ before every step.
 
 from __future__ import annotations
 
-import re
 from dataclasses import asdict, dataclass
 from typing import Any, Mapping, Optional
 
 #: The reasons a limit stops a run (run_stopped.reason, usage.json's stopped_by).
 DEADLINE, MAX_COST = "deadline", "max_cost"
-_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-
-
-def seconds_of(value: Any) -> Optional[float]:
-    """A duration as seconds: a number (seconds) or text like 45s, 90m, 12h, 1h30m (None: none)."""
-    if value is None or value == "":
-        return None
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
-    text = str(value).strip()
-    parts = re.findall(r"(\d+(?:\.\d+)?)([smhd])", text)
-    if not re.fullmatch(r"(?:\d+(?:\.\d+)?[smhd])+", text) or not parts:
-        raise ValueError(f"not a duration: {value!r} (use e.g. 45s, 90m, 12h, 1h30m)")
-    return sum(float(n) * _UNITS[unit] for n, unit in parts)
 
 
 @dataclass(frozen=True)
@@ -71,7 +56,8 @@ def limits_of(job: Any, *, prior_wall_s: float, prior_billed_hours: float, start
     `estimate_price`: the price the recorded estimate used (a price table's, which the job
     document does not carry), when the job gives none."""
     price = _number(getattr(job, "gpu_hour_price", None))
-    return Limits(deadline_s=seconds_of(getattr(job, "deadline", None)),
+    deadline = job.deadline_seconds  # JobSpec's parse (spec.duration_seconds), checked there
+    return Limits(deadline_s=None if deadline is None else float(deadline),
                   max_cost=_number(getattr(job, "max_cost", None)),
                   price=price if price is not None else _number(estimate_price),
                   prior_wall_s=prior_wall_s, prior_billed_hours=prior_billed_hours,
