@@ -278,6 +278,8 @@ class _Reader:
     def _check_pace(self) -> None:
         from submitter.pace import measured_from_events
 
+        if not self.estimate or self.pace.warned:  # nothing to compare with, or said once
+            return
         warning = self.pace.check(self.estimate, measured_from_events(self.events, self.state))
         if warning:
             self.view.notice(warning)
