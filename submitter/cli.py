@@ -97,6 +97,12 @@ def build_spec(options: dict[str, Any], context: str | None = None, kubeconfig: 
     (submit; render and init with --namespace-from-context) or --context/--kubeconfig given,
     which read the kubeconfig context's (cli_options.spec_namespace, the one rule)."""
     file_values, flags = spec_values(options)
+    return spec_of(file_values, flags, context, kubeconfig, from_context=from_context)
+
+
+def spec_of(file_values: dict[str, Any], flags: dict[str, Any], context: str | None,
+            kubeconfig: str | None, *, from_context: bool) -> JobSpec:
+    """The spec of a job file's values and the flags given, in the namespace build_spec says."""
     given = "namespace" in flags or "namespace" in file_values  # one spelling in every key style
     namespace = spec_namespace(given, from_context, context, kubeconfig)
     if namespace is not None:
@@ -377,8 +383,7 @@ UNNAMED = "estimate"
 def estimate_spec(options: dict[str, Any], local: bool, context: str | None,
                   kubeconfig: str | None) -> Any:
     """The job as `submit` (or `submit --local`) would run it; --name may be left out."""
-    from submitter.cli_options import spec_namespace
-    from submitter.contract.spec import JobSpec, normalize_keys
+    from submitter.contract.spec import normalize_keys
 
     file_values, flags = spec_values(options)
     if "name" not in flags and not normalize_keys(file_values).get("name"):
@@ -387,11 +392,7 @@ def estimate_spec(options: dict[str, Any], local: bool, context: str | None,
         from submitter.local import local_spec, local_storage_path
 
         return local_spec(file_values, flags, local_storage_path(file_values, flags))
-    given = "namespace" in flags or "namespace" in file_values
-    namespace = spec_namespace(given, True, context, kubeconfig)
-    if namespace is not None:
-        flags["namespace"] = namespace
-    return JobSpec.build(file_values, **flags)
+    return spec_of(file_values, flags, context, kubeconfig, from_context=True)
 
 
 @main.command(cls=GroupedCommand)
