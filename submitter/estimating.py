@@ -126,7 +126,7 @@ def own_runs(spec: Any, local: bool) -> list[Any]:
         return []
     try:
         if scheme_of(root) in OBJECT_STORE_SCHEMES:  # pyarrow, only for a bucket
-            from submitter.bucket_reads import usage_texts
+            from submitter.report import usage_texts
 
             return list(read_usages(root, usage_texts))
         return list(read_usages(root))

@@ -21,7 +21,6 @@ from typing import Any, Mapping
 from submitter.contract import events as ev
 from submitter.contract import naming
 from submitter.contract.errors import NotFound, UsageError
-from submitter.bucket_reads import need_pyarrow, read_object
 from submitter.contract.stack import pip_install
 
 #: The PNG's size in pixels (FIGSIZE inches x DPI).
@@ -69,6 +68,18 @@ def from_events(name: str, source: str, events: list[Mapping[str, Any]],
                    dict(settings or {}), facts)
 
 
+def need_pyarrow() -> Any:
+    """pyarrow.fs, or UsageError (exit 2) with the pip command: reading a run from an object
+    store goes through the same filesystems the pod wrote it with (and the same credentials:
+    AWS_* / AWS_ENDPOINT_URL, GOOGLE_APPLICATION_CREDENTIALS, AZURE_STORAGE_*)."""
+    try:
+        from pyarrow import fs
+    except ImportError:
+        raise UsageError("submitter report --storage-path s3://|gs://|abfss://... needs pyarrow: "
+                         f"{PIP_HINT}") from None
+    return fs
+
+
 def object_store_events(storage_path: str, name: str, namespace: str | None = None) -> tuple[str, str]:
     """(URI, text) of a run's events.jsonl in an object store, looked for where `submit` puts
     it: `<storage>/<namespace>/<name>/`, `<storage>/<name>/`, STORAGE as the run directory, or
@@ -84,13 +95,13 @@ def object_store_events(storage_path: str, name: str, namespace: str | None = No
     candidates += [f"{root}/{name}", root]
     try:
         for directory in candidates:
-            found = read_object(fs, filesystem, f"{directory}/{naming.EVENTS_FILE}")
+            found = _read_object(fs, filesystem, f"{directory}/{naming.EVENTS_FILE}")
             if found is not None:
                 return _as_uri(root_uri, root, f"{directory}/{naming.EVENTS_FILE}"), found
         listing = filesystem.get_file_info(fs.FileSelector(root, recursive=False, allow_not_found=True))
         for info in sorted(listing, key=lambda i: i.path):
             if info.type == fs.FileType.Directory:
-                found = read_object(fs, filesystem, f"{info.path}/{name}/{naming.EVENTS_FILE}")
+                found = _read_object(fs, filesystem, f"{info.path}/{name}/{naming.EVENTS_FILE}")
                 if found is not None:
                     return _as_uri(root_uri, root, f"{info.path}/{name}/{naming.EVENTS_FILE}"), found
     except OSError as e:  # access denied, no such bucket, endpoint unreachable
@@ -98,6 +109,13 @@ def object_store_events(storage_path: str, name: str, namespace: str | None = No
     raise NotFound(f"no {naming.EVENTS_FILE} for run {name} under {storage_path}; give the "
                    "--storage-path the run used (its run directory is <storage-path>/<name>, or "
                    "<storage-path>/<namespace>/<name> for a cluster run)")
+
+
+def _read_object(fs: Any, filesystem: Any, path: str) -> str | None:
+    if filesystem.get_file_info(path).type != fs.FileType.File:
+        return None
+    with filesystem.open_input_stream(path) as f:
+        return f.read().decode("utf-8", errors="replace")
 
 
 def _as_uri(root_uri: str, root: str, path: str) -> str:
@@ -147,6 +165,28 @@ def with_usage(run: RunData, events_at: str) -> RunData:
     return replace(run, usage=usage, estimate=estimate if isinstance(estimate, dict) else None)
 
 
+def usage_texts(storage_uri: str) -> list[str]:
+    """Every usage.json two folders down an object-store storage path (`<storage>/<name>/`,
+    `<storage>/<namespace>/<name>/`), for submitter.contract.usage.read_usages. Folders are listed
+    one level at a time: a recursive listing would walk every checkpoint shard."""
+    from submitter.contract.usage import USAGE_FILE
+
+    fs = need_pyarrow()
+    filesystem, root = fs.FileSystem.from_uri(storage_uri.rstrip("/"))
+
+    def folders(path: str) -> list[str]:
+        infos = filesystem.get_file_info(fs.FileSelector(path, allow_not_found=True))
+        return [i.path for i in infos if i.type == fs.FileType.Directory]
+
+    texts = []
+    for run in folders(root):
+        for folder in [run, *folders(run)]:
+            text = _read_object(fs, filesystem, f"{folder}/{USAGE_FILE}")
+            if text is not None:
+                texts.append(text)
+    return texts
+
+
 def _sibling(folder: str, file_name: str) -> str | None:
     """A small file's text in the run's folder (None when absent or unreadable)."""
     path = f"{folder}/{file_name}"
@@ -155,7 +195,7 @@ def _sibling(folder: str, file_name: str) -> str | None:
             return Path(path).read_text(encoding="utf-8")
         fs = need_pyarrow()
         filesystem, inner = fs.FileSystem.from_uri(path)
-        return read_object(fs, filesystem, inner)
+        return _read_object(fs, filesystem, inner)
     except (OSError, ValueError):
         return None
 

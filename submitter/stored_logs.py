@@ -65,7 +65,7 @@ def find_run(storage_path: str, name: str, namespace: Optional[str]) -> RunFiles
     `<storage>/<name>` (a local run), or STORAGE itself; one that has `logs/` or events."""
     candidates = ([f"{namespace}/{name}"] if namespace else []) + [name, ""]
     if scheme_of(storage_path) in OBJECT_STORE_SCHEMES:
-        from submitter.bucket_reads import need_pyarrow
+        from submitter.report import need_pyarrow
 
         fs = need_pyarrow()
         try:

@@ -45,7 +45,7 @@ def test_report_of_a_cluster_run_in_s3(s3_server, runner, tmp_path):
     # what the run took (usage.json, written as the pod's UsageSink does) beside the events:
     # report shows it, and an estimate on this storage finds it (issue 38)
     from submitter.contract.usage import measure, read_usages
-    from submitter.bucket_reads import usage_texts
+    from submitter.report import usage_texts
     from training.run.usage_file import write_text
 
     usage = measure(a_run(), storage_kind="object-store")
