@@ -119,16 +119,14 @@ def own_runs(spec: Any, local: bool) -> list[Any]:
     """This user's runs on the job's storage, newest first (usage.json; [] when none or when the
     storage is out of reach from here). read_usages looks two levels down: local runs
     (`<storage>/<name>`) and cluster runs (`<storage>/<namespace>/<name>`)."""
-    from submitter.contract.usage import read_usages
-
     root = spec.resolved_storage_path
     if not _readable(root):
         return []
     try:
-        if scheme_of(root) in OBJECT_STORE_SCHEMES:  # pyarrow, only for a bucket
-            from submitter.report import usage_texts
-
-            return list(read_usages(root, usage_texts))
+        from submitter.contract.usage import read_usages
+    except ImportError:  # the run side that writes usage.json is not installed
+        return []
+    try:
         return list(read_usages(root))
     except Exception:  # noqa: BLE001  (an unreadable store: no own runs, the next source is used)
         return []

@@ -55,11 +55,6 @@ def test_report_of_a_cluster_run_in_s3(s3_server, runner, tmp_path):
     assert took.exit_code == 0 and "took: " in took.output, took.output
     assert read_usages(f"s3://{BUCKET}/runs", usage_texts) == [usage]
     assert read_usages(f"s3://{BUCKET}/runs") == []  # the contract alone reads no bucket
-    from submitter.contract.spec import JobSpec
-    from submitter.estimating import own_runs
-
-    spec = JobSpec.build(name="next", storage_path=f"s3://{BUCKET}/runs")
-    assert own_runs(spec, local=False) == [usage]  # the estimate's first source, in the bucket
 
 
 def test_report_of_a_local_run_in_s3(s3_server, runner, tmp_path):
